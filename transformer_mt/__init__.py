@@ -1,0 +1,3 @@
+"""tmt: train an English-Italian translation Transformer end to end."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,117 @@
+"""Checkpoints: atomic writes, safe loading, rotation, and the random state for exact resume.
+
+A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so that it loads with
+`torch.load(weights_only=True)`, which refuses pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import TmtError
+
+LAST, BEST = "last.pt", "best.pt"
+
+
+def atomic_save(obj: dict, path: Path) -> int:
+    """Write to a temporary file in the same directory, fsync, then rename over `path`.
+
+    A crash at any moment leaves either the old file or the new one, never a partial file.
+    Returns the size in bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException as exc:
+        Path(tmp_name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise TmtError(f"could not write checkpoint {path}: {exc.strerror or exc}; the "
+                           f"previous checkpoint is untouched (free disk space and resume)") from None
+        raise
+    directory_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory_fd)
+    finally:
+        os.close(directory_fd)
+    return path.stat().st_size
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load with weights_only=True: a file that would run code when unpickled is refused."""
+    if not path.is_file():
+        raise TmtError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe content"
+        raise TmtError(f"{path}: refused to load, it is not a plain tmt checkpoint ({first[:160]})"
+                       ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise TmtError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__}); use "
+                       f"another checkpoint, e.g. best.pt, or start the run again") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise TmtError(f"{path}: not a tmt checkpoint (no model/config entries)")
+    return state
+
+
+def rng_state() -> dict:
+    """Python, numpy and torch random states, as tensors and plain values (weights_only-safe)."""
+    py_version, py_internal, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": torch.tensor(py_internal, dtype=torch.int64),
+        "python_version": py_version,
+        "python_gauss": py_gauss,
+        "numpy_keys": torch.from_numpy(np_keys.astype(np.int64)),
+        "numpy_pos": int(np_pos), "numpy_has_gauss": int(np_has_gauss),
+        "numpy_gauss": float(np_gauss), "numpy_name": np_name,
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate((state["python_version"], tuple(state["python"].tolist()),
+                     state["python_gauss"]))
+    np.random.set_state((state["numpy_name"], state["numpy_keys"].numpy().astype(np.uint32),
+                         state["numpy_pos"], state["numpy_has_gauss"], state["numpy_gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def step_checkpoint_name(step: int) -> str:
+    return f"step{step:08d}.pt"
+
+
+def rotate(directory: Path, keep_last: int) -> None:
+    """Remove all but the newest `keep_last` step checkpoints (last.pt and best.pt are kept)."""
+    step_files = sorted(directory.glob("step*.pt"))
+    for old in step_files[:-keep_last] if keep_last else step_files:
+        old.unlink(missing_ok=True)
+
+
+def human_size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
+        size /= 1024
+    return f"{size:.1f} GB"
+
+
+def state_summary(state: dict[str, Any]) -> str:
+    return f"step {state.get('step', '?')}, epoch {state.get('epoch', '?')}"

@@ -1,0 +1,272 @@
+"""Load a parallel corpus through Hugging Face `datasets`, clean it, and split it without leakage.
+
+Every source ends up as a `datasets.Dataset` with two string columns, `src` and `tgt`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+
+from .config import DataConfig
+from .errors import TmtError
+
+log = logging.getLogger(__name__)
+
+HUB_HOST = "huggingface.co"
+MALFORMED_LINES_SHOWN = 5
+
+
+@dataclass
+class Splits:
+    train: datasets.Dataset
+    valid: datasets.Dataset
+    test: datasets.Dataset
+
+    def items(self):
+        return (("train", self.train), ("valid", self.valid), ("test", self.test))
+
+
+# --------------------------------------------------------------------------- loading
+
+def _local_file(path: str | None, what: str) -> str:
+    if not path or not Path(path).is_file():
+        raise TmtError(f"corpus file not found: {path} ({what}); point the config at an existing "
+                       f"file, e.g. --set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
+    return path
+
+
+def _read_lines(path: str) -> datasets.Dataset:
+    try:
+        return datasets.load_dataset("text", data_files=path, split="train")
+    except UnicodeDecodeError as exc:
+        raise TmtError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); convert the "
+                       f"file to UTF-8") from None
+
+
+def _report_malformed(path: str, bad_lines: list[int], total: int) -> None:
+    if bad_lines:
+        shown = ", ".join(map(str, bad_lines[:MALFORMED_LINES_SHOWN]))
+        more = ", ..." if len(bad_lines) > MALFORMED_LINES_SHOWN else ""
+        log.warning("%s: skipped %d of %d lines that are not 'source<TAB>target' (lines %s%s)",
+                    path, len(bad_lines), total, shown, more)
+
+
+def _load_tsv(cfg: DataConfig) -> datasets.Dataset:
+    # Read as plain lines and split on the tab ourselves: a CSV reader would interpret the
+    # quote characters that the Tatoeba file contains.
+    path = _local_file(cfg.path, "data.path")
+    lines = _read_lines(path)
+    fields = lines.map(lambda batch: {"fields": [line.split("\t") for line in batch["text"]]},
+                       batched=True, remove_columns=["text"])
+    counts = [len(f) for f in fields["fields"]]
+    bad = [i + 1 for i, n in enumerate(counts) if n != 2]
+    _report_malformed(path, bad, len(counts))
+    good = fields.filter(lambda batch: [len(f) == 2 for f in batch["fields"]], batched=True)
+    return good.map(lambda batch: {"src": [f[0] for f in batch["fields"]],
+                                   "tgt": [f[1] for f in batch["fields"]]},
+                    batched=True, remove_columns=["fields"])
+
+
+def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Dataset:
+    """Accept the opus_books schema {"translation": {src: ..., tgt: ...}} or flat src/tgt columns."""
+    columns = ds.column_names
+    if "translation" in columns:
+        first = ds[0]["translation"] if len(ds) else {}
+        missing = [lang for lang in (cfg.src_lang, cfg.tgt_lang) if lang not in (first or {})]
+        if missing:
+            have = ", ".join(sorted(first or {})) or "none"
+            raise TmtError(f"{where}: no language '{missing[0]}' in the 'translation' column "
+                           f"(it has: {have}); set data.src_lang / data.tgt_lang")
+        return ds.map(lambda b: {"src": [t[cfg.src_lang] or "" for t in b["translation"]],
+                                 "tgt": [t[cfg.tgt_lang] or "" for t in b["translation"]]},
+                      batched=True, remove_columns=columns)
+    if cfg.src_lang in columns and cfg.tgt_lang in columns:
+        return ds.map(lambda b: {"src": b[cfg.src_lang], "tgt": b[cfg.tgt_lang]},
+                      batched=True, remove_columns=columns)
+    raise TmtError(f"{where}: expected a 'translation' column or columns '{cfg.src_lang}' and "
+                   f"'{cfg.tgt_lang}', found: {', '.join(columns)}")
+
+
+def _load_structured(cfg: DataConfig, builder: str) -> datasets.Dataset:
+    path = _local_file(cfg.path, "data.path")
+    try:
+        ds = datasets.load_dataset(builder, data_files=path, split="train")
+    except Exception as exc:  # datasets wraps parser errors in several exception types
+        cause = exc.__cause__ or exc
+        raise TmtError(f"{path}: cannot read as {builder} ({type(cause).__name__}: "
+                       f"{str(cause).splitlines()[0] if str(cause) else 'no detail'})") from None
+    return _from_translation_column(ds, cfg, path)
+
+
+def _load_text_pair(cfg: DataConfig) -> datasets.Dataset:
+    src = _read_lines(_local_file(cfg.src_path, "data.src_path"))
+    tgt = _read_lines(_local_file(cfg.tgt_path, "data.tgt_path"))
+    if len(src) != len(tgt):
+        raise TmtError(f"{cfg.src_path} has {len(src)} lines but {cfg.tgt_path} has {len(tgt)}; "
+                       f"the two files must be line-aligned")
+    return datasets.Dataset.from_dict({"src": src["text"], "tgt": tgt["text"]})
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Probe the hub in a thread so that a hanging DNS lookup cannot stall us either."""
+    result = []
+
+    def probe():
+        try:
+            socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
+            result.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(result)
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
+               for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _load_hub(cfg: DataConfig) -> datasets.Dataset:
+    alternative = ("or train from a local file: --set data.source=tsv "
+                   "--set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
+    name = f"'{cfg.hub_name}' ({cfg.hub_config})"
+    if not _hub_offline() and not _hub_reachable():
+        raise TmtError(f"cannot reach the Hugging Face hub to load {name}; check the network, "
+                       + alternative)
+    try:
+        ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split="train")
+    except Exception as exc:  # the hub client raises many types; all end the same way for us
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "BuilderConfig" in text or "config" in text.lower() and "not found" in text.lower():
+            raise TmtError(f"unknown language pair '{cfg.hub_config}' for {cfg.hub_name} "
+                           f"({text}); set data.hub_config") from None
+        if _hub_offline():
+            raise TmtError(f"cannot load {name}: the hub is switched off (HF_HUB_OFFLINE / "
+                           f"HF_DATASETS_OFFLINE) and it is not cached; " + alternative) from None
+        raise TmtError(f"cannot load {name} from the hub: {text}; " + alternative) from None
+    return _from_translation_column(ds, cfg, cfg.hub_name)
+
+
+def load_corpus(cfg: DataConfig) -> datasets.Dataset:
+    """The raw corpus as a Dataset with columns `src` and `tgt` (not yet cleaned)."""
+    datasets.disable_progress_bars()
+    if cfg.source == "hub":
+        return _load_hub(cfg)
+    if cfg.source == "tsv":
+        return _load_tsv(cfg)
+    if cfg.source == "text":
+        return _load_text_pair(cfg)
+    return _load_structured(cfg, {"jsonl": "json", "parquet": "parquet"}[cfg.source])
+
+
+# --------------------------------------------------------------------------- cleaning
+
+def normalize_text(text: str) -> str:
+    """NFC, control and format characters to spaces, runs of white space to one space."""
+    text = unicodedata.normalize("NFC", text)
+    text = "".join(" " if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
+                   for ch in text)
+    return " ".join(text.split())
+
+
+def limit_length(text: str, max_words: int) -> str:
+    words = text.split(" ")
+    return text if len(words) <= max_words else " ".join(words[:max_words])
+
+
+def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[str], list[str]]:
+    """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate long ones."""
+    seen = set()
+    out_src, out_tgt = [], []
+    empty = duplicates = too_long = 0
+    for s, t in zip(src, tgt):
+        s, t = normalize_text(s or ""), normalize_text(t or "")
+        if not s or not t:
+            empty += 1
+            continue
+        if (s, t) in seen:
+            duplicates += 1
+            continue
+        seen.add((s, t))
+        if max(s.count(" "), t.count(" ")) + 1 > cfg.max_len:
+            too_long += 1
+            if cfg.long_sentences == "filter":
+                continue
+            s, t = limit_length(s, cfg.max_len), limit_length(t, cfg.max_len)
+        out_src.append(s)
+        out_tgt.append(t)
+    action = "dropped" if cfg.long_sentences == "filter" else "truncated"
+    log.info("corpus: %d pairs read, %d empty dropped, %d duplicates dropped, %d longer than %d "
+             "words %s, %d kept", len(src), empty, duplicates, too_long, cfg.max_len, action,
+             len(out_src))
+    return out_src, out_tgt
+
+
+# --------------------------------------------------------------------------- splitting
+
+def split_by_source(src: list[str], tgt: list[str], cfg: DataConfig) -> Splits:
+    """Seeded split in which all pairs that share a source sentence go to the same split.
+
+    Tatoeba has many English sentences with several Italian translations; splitting pairs
+    independently would put the same English sentence in train and test.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(src):
+        groups.setdefault(s, []).append(i)
+    sources = sorted(groups)
+    rng = random.Random(cfg.seed)
+    rng.shuffle(sources)
+    held_out = cfg.valid_size + cfg.test_size
+    if len(sources) <= held_out:
+        raise TmtError(f"the corpus has {len(sources)} distinct source sentences after cleaning, "
+                       f"not enough for data.valid_size={cfg.valid_size} + data.test_size="
+                       f"{cfg.test_size} and a training set; lower them or use more data")
+    parts = {"valid": sources[:cfg.valid_size],
+             "test": sources[cfg.valid_size:held_out],
+             "train": sources[held_out:]}
+
+    def build(names: list[str]) -> datasets.Dataset:
+        rows = sorted(i for name in names for i in groups[name])
+        return datasets.Dataset.from_dict({"src": [src[i] for i in rows],
+                                           "tgt": [tgt[i] for i in rows]})
+
+    return Splits(train=build(parts["train"]), valid=build(parts["valid"]),
+                  test=build(parts["test"]))
+
+
+def prepare_splits(cfg: DataConfig) -> Splits:
+    """Load, clean, optionally subsample, and split the corpus."""
+    raw = load_corpus(cfg)
+    src, tgt = clean_pairs(raw["src"], raw["tgt"], cfg)
+    if not src:
+        where = cfg.path or cfg.src_path or cfg.hub_name
+        raise TmtError(f"{where}: no usable sentence pairs after cleaning (all empty, malformed "
+                       f"or filtered); check the file and data.src_lang / data.tgt_lang")
+    if cfg.max_pairs is not None and cfg.max_pairs < len(src):
+        # A seeded random sample rather than the first N: corpora such as Tatoeba are
+        # sorted by length, so their head holds only the shortest sentences.
+        keep = sorted(random.Random(cfg.seed).sample(range(len(src)), cfg.max_pairs))
+        src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+    return split_by_source(src, tgt, cfg)
+
+
+def save_splits(splits: Splits, directory: Path) -> None:
+    for name, ds in splits.items():
+        ds.save_to_disk(str(directory / name))
+
+
+def load_splits(directory: Path) -> Splits:
+    return Splits(**{name: datasets.load_from_disk(str(directory / name))
+                     for name in ("train", "valid", "test")})

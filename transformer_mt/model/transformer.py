@@ -1,0 +1,63 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", built from a ModelConfig."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from .embeddings import InputEmbeddings, PositionalEncoding
+from .layers import Decoder, Encoder
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        self.cfg = cfg
+        block_args = dict(heads=cfg.heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
+                          attention=cfg.attention)
+        self.src_embed = InputEmbeddings(src_vocab_size, cfg.d_model)
+        self.tgt_embed = InputEmbeddings(tgt_vocab_size, cfg.d_model)
+        self.src_pos = PositionalEncoding(cfg.d_model, cfg.dropout)
+        self.tgt_pos = PositionalEncoding(cfg.d_model, cfg.dropout)
+        self.encoder = Encoder(cfg.layers, cfg.d_model, cfg.norm, **block_args)
+        self.decoder = Decoder(cfg.layers, cfg.d_model, cfg.norm, **block_args)
+        self.projection = nn.Linear(cfg.d_model, tgt_vocab_size)
+        self._init_parameters()
+        if cfg.tie_embeddings:
+            self.projection.weight = self.tgt_embed.embedding.weight
+
+    def _init_parameters(self) -> None:
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+               tgt_mask: torch.Tensor | None, cache: list[dict] | None = None,
+               start: int = 0) -> torch.Tensor:
+        """Decoder states for target positions start..start+T-1 (T = tgt.size(1))."""
+        return self.decoder(self.tgt_pos(self.tgt_embed(tgt), start), memory, src_mask,
+                            tgt_mask, cache)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits over the target vocabulary."""
+        return self.projection(x)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
+                tgt_mask: torch.Tensor) -> torch.Tensor:
+        memory = self.encode(src, src_mask)
+        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+
+    def new_cache(self) -> list[dict]:
+        return [{} for _ in self.decoder.blocks]
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
+    return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())  # parameters() yields tied ones once

@@ -1,0 +1,42 @@
+"""Which config changes a resumed run accepts: those that keep the model's shape and data."""
+
+from __future__ import annotations
+
+import logging
+
+from .config import Config, config_from_dict
+from .errors import TmtError
+
+# Changing these would not fit the saved weights, vocabulary or frozen split.
+FIXED_MODEL_KEYS = ("d_model", "layers", "heads", "d_ff", "norm", "tie_embeddings")
+FIXED_SECTIONS = ("data", "tokenizer")
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _is_fixed(key: str) -> bool:
+    section, _, name = key.partition(".")
+    return section in FIXED_SECTIONS or (section == "model" and name in FIXED_MODEL_KEYS)
+
+
+def check_resume_config(cfg: Config, state: dict, log: logging.Logger) -> Config:
+    """Refuse changes to fixed keys (naming them); log the accepted ones. Returns `cfg`."""
+    saved = _flatten(config_from_dict(state["config"], "checkpoint").to_dict())
+    new = _flatten(cfg.to_dict())
+    changed = sorted(k for k in new if k not in ("name", "runs_dir") and saved.get(k) != new[k])
+    refused = [k for k in changed if _is_fixed(k)]
+    if refused:
+        details = ", ".join(f"{k} ({saved.get(k)!r} -> {new[k]!r})" for k in refused)
+        raise TmtError(f"cannot resume: the config changes what the checkpoint was trained with: "
+                       f"{details}; restore them or start a new run with --run-dir")
+    for key in changed:
+        log.info("resume: %s changed from %r to %r", key, saved.get(key), new[key])
+    return cfg

@@ -1,0 +1,121 @@
+"""A run directory and the data it owns: the frozen split, the tokenizers and the encoded ids.
+
+    runs/<name>/
+      config.yaml            resolved config of the latest start or resume
+      data/{train,valid,test}/   the cleaned, split corpus (datasets on disk, with encoded ids cached)
+      tokenizers/{src,tgt}.json
+      checkpoints/last.pt, best.pt, stepNNNNNNNN.pt
+      tensorboard/           event files (tensorboard --logdir runs)
+      train.log
+
+Saving the split makes a resumed run independent of the corpus source: it continues on exactly
+the data it started with, even if the hub is unreachable or the file changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .batching import EncodedPairs, encode_split
+from .checkpoint import BEST, LAST
+from .config import Config
+from .data import Splits, load_splits, prepare_splits, save_splits
+from .errors import TmtError
+from .tokenizer import TextCodec, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def data(self) -> Path:
+        return self.path / "data"
+
+    @property
+    def tokenizers(self) -> Path:
+        return self.path / "tokenizers"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
+
+    @property
+    def config(self) -> Path:
+        return self.path / "config.yaml"
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / LAST
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / BEST
+
+    def ensure_writable(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise TmtError(f"run directory {self.path} is not writable ({exc.strerror}); choose "
+                           f"another with --run-dir") from None
+
+
+@dataclass
+class RunData:
+    splits: Splits
+    src_codec: TextCodec
+    tgt_codec: TextCodec
+    train: EncodedPairs
+    valid: EncodedPairs
+
+
+def _splits_saved(run: RunDir) -> bool:
+    return all((run.data / name / "dataset_info.json").is_file()
+               for name in ("train", "valid", "test"))
+
+
+def prepare_data(cfg: Config, run: RunDir) -> None:
+    """Create the run's split and tokenizers if it has none yet (idempotent)."""
+    if _splits_saved(run) and (run.tokenizers / "tgt.json").is_file():
+        return
+    splits = prepare_splits(cfg.data)
+    log.info("split: %d train, %d valid, %d test pairs (no source sentence in two splits)",
+             len(splits.train), len(splits.valid), len(splits.test))
+    save_splits(splits, run.data)
+    run.tokenizers.mkdir(parents=True, exist_ok=True)
+    for side, column in (("src", "src"), ("tgt", "tgt")):
+        # Trained on the train split only: valid/test words must not leak into the vocabulary.
+        codec = TextCodec(train_tokenizer(splits.train[column], cfg.tokenizer))
+        codec.save(run.tokenizers / f"{side}.json")
+        log.info("%s tokenizer: %d words (min_frequency %d)", side, codec.vocab_size,
+                 cfg.tokenizer.min_frequency)
+
+
+def load_data(run: RunDir) -> RunData:
+    """The run's split, tokenizers and encoded ids (tokenized once, then read from the cache)."""
+    splits = load_splits(run.data)
+    src_codec = TextCodec.load(run.tokenizers / "src.json")
+    tgt_codec = TextCodec.load(run.tokenizers / "tgt.json")
+    encoded = {name: EncodedPairs(encode_split(ds, src_codec, tgt_codec))
+               for name, ds in (("train", splits.train), ("valid", splits.valid))}
+    return RunData(splits, src_codec, tgt_codec, encoded["train"], encoded["valid"])
+
+
+def latest_run(runs_dir: Path) -> Path | None:
+    """The run directory whose newest checkpoint was written last."""
+    candidates = [p for p in runs_dir.glob("*/checkpoints/*.pt") if p.name in (LAST, BEST)]
+    if not candidates:
+        return None
+    return max(candidates, key=os.path.getmtime).parent.parent

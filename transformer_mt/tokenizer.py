@@ -1,0 +1,98 @@
+"""Word-level tokenizers built with Hugging Face `tokenizers`, with lossless detokenization.
+
+Words are split on spaces and punctuation. Each word that followed a space carries the marker
+`▁` (as in SentencePiece), so decoding knows where the spaces were: `decode(encode(s)) == s` for
+any whitespace-normalised text whose words are all in the vocabulary (`l'uomo`, `"quoted"`, 3.5).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from .config import TokenizerConfig
+from .errors import TmtError
+
+UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
+SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
+SPACE_MARKER = "▁"
+
+
+def _word_level_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always", split=True),
+        pre_tokenizers.Punctuation("isolated"),
+    ])
+    tokenizer.decoder = decoders.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always",
+                                           split=True)
+    return tokenizer
+
+
+def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
+    """Train a word-level tokenizer whose ids 0..3 are [UNK] [PAD] [SOS] [EOS]."""
+    tokenizer = _word_level_tokenizer()
+    options = {"special_tokens": SPECIAL_TOKENS, "min_frequency": cfg.min_frequency,
+               "show_progress": False}
+    if cfg.max_vocab is not None:
+        options["vocab_size"] = cfg.max_vocab
+    tokenizer.train_from_iterator(sentences, trainers.WordLevelTrainer(**options))
+    return tokenizer
+
+
+class TextCodec:
+    """A trained tokenizer plus the special-token ids the model needs."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        ids = [tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
+        if any(i is None for i in ids):
+            raise TmtError("tokenizer file lacks the special tokens " + " ".join(SPECIAL_TOKENS))
+        self.unk_id, self.pad_id, self.sos_id, self.eos_id = ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text for ids, stopping at [EOS]; [SOS] and [PAD] dropped, [UNK] kept visible."""
+        kept = []
+        for i in ids:
+            if i == self.eos_id:
+                break
+            if i not in (self.sos_id, self.pad_id):
+                kept.append(i)
+        return self.tokenizer.decode(kept, skip_special_tokens=False)
+
+    def tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def to_str(self) -> str:
+        return self.tokenizer.to_str()
+
+    @classmethod
+    def from_str(cls, text: str) -> "TextCodec":
+        try:
+            return cls(Tokenizer.from_str(text))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed JSON
+            raise TmtError(f"invalid tokenizer data ({str(exc).splitlines()[0]})") from None
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_str(), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path) -> "TextCodec":
+        if not path.is_file():
+            raise TmtError(f"tokenizer file not found: {path}")
+        try:
+            return cls.from_str(path.read_text(encoding="utf-8"))
+        except TmtError as exc:
+            raise TmtError(f"{path}: {exc}") from None
