@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import re
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +54,21 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     """Load with weights_only=True: a file that would run code when unpickled is refused."""
     if not path.is_file():
         raise TmtError(f"checkpoint not found: {path}")
+    corrupt = TmtError(f"{path}: corrupt or truncated checkpoint; use another one (e.g. best.pt "
+                       f"or a stepNNNNNNNN.pt beside it) or start the run again")
+    if not zipfile.is_zipfile(path):
+        raise corrupt
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsafe content"
-        raise TmtError(f"{path}: refused to load, it is not a plain tmt checkpoint ({first[:160]})"
+        found = re.search(r"(?:unsupported|Unsupported global:) GLOBAL ([\w.]+)", str(exc))
+        if not found:
+            raise corrupt from None
+        raise TmtError(f"{path}: refused to load: it would import {found.group(1)}, and a tmt "
+                       f"checkpoint holds only tensors and plain data (possibly a crafted file)"
                        ) from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise TmtError(f"{path}: corrupt or truncated checkpoint ({type(exc).__name__}); use "
-                       f"another checkpoint, e.g. best.pt, or start the run again") from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile):
+        raise corrupt from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise TmtError(f"{path}: not a tmt checkpoint (no model/config entries)")
     return state

@@ -113,9 +113,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # Safe changes on resume (a new peak lr or warm-up) take effect from here on.
+        warmup = self.cfg.train.warmup_steps
         self.scheduler.base_lrs = [self.cfg.train.lr for _ in self.scheduler.base_lrs]
-        self.scheduler.lr_lambdas = [lambda s: noam_factor(s + 1, self.cfg.train.warmup_steps)]
-        for group, lr in zip(self.optimizer.param_groups, self.scheduler.get_lr()):
+        self.scheduler.lr_lambdas = [lambda s: noam_factor(s + 1, warmup)]
+        lr = self.cfg.train.lr * noam_factor(self.scheduler.last_epoch + 1, warmup)
+        for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]

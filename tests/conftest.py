@@ -1,0 +1,102 @@
+"""Shared fixtures. Tests never touch the network: the hub is switched off for the whole session."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+
+ROOT = Path(__file__).resolve().parent.parent
+TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
+
+# Used only where ../shared/data is absent: real-looking pairs, varied enough to train on.
+_FALLBACK = [
+    ("I love reading books.", "Amo leggere libri."), ("Where is the station?", "Dov'è la stazione?"),
+    ("Tom is my friend.", "Tom è mio amico."), ("I don't know.", "Non lo so."),
+    ("She said \"hello\".", "Ha detto \"ciao\"."), ("It costs 3.50 euros.", "Costa 3,50 euro."),
+    ("The man is here.", "L'uomo è qui."), ("We are hungry.", "Abbiamo fame."),
+    ("Open the door, please.", "Apri la porta, per favore."), ("I'm tired.", "Sono stanco."),
+    ("Do you speak Italian?", "Parli italiano?"), ("The cat sleeps.", "Il gatto dorme."),
+]
+_SUBJECTS = [("I", "Io"), ("You", "Tu"), ("Tom", "Tom"), ("Mary", "Mary"), ("We", "Noi")]
+_OBJECTS = [("the book", "il libro"), ("the car", "la macchina"), ("an apple", "una mela"),
+            ("the house", "la casa"), ("a letter", "una lettera"), ("the dog", "il cane")]
+_VERBS = [("see", "vedo"), ("want", "voglio"), ("have", "ho"), ("like", "amo")]
+
+
+def fallback_pairs() -> list[tuple[str, str]]:
+    pairs = list(_FALLBACK)
+    for (s, si), (o, oi), (v, vi) in ((s, o, v) for s in _SUBJECTS for o in _OBJECTS
+                                      for v in _VERBS):
+        pairs.append((f"{s} {v} {o}.", f"{si} {vi} {oi}."))
+    return pairs
+
+
+def sample_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """n real Tatoeba pairs when ../shared/data is present, else the built-in fixture."""
+    if TATOEBA.is_file():
+        lines = TATOEBA.read_text(encoding="utf-8").splitlines()
+        rng = random.Random(seed)
+        return [tuple(line.split("\t")) for line in rng.sample(lines, n)]
+    pairs = fallback_pairs()
+    return [pairs[i % len(pairs)] for i in range(n)]
+
+
+def write_tsv(path: Path, pairs: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_tsv(tmp_path_factory) -> Path:
+    """A few hundred real sentence pairs in the Tatoeba TSV layout."""
+    return write_tsv(tmp_path_factory.mktemp("corpus") / "pairs.tsv", sample_pairs(600))
+
+
+def tiny_config_text(corpus: Path, **train) -> str:
+    train_lines = "".join(f"  {k}: {v}\n" for k, v in train.items())
+    return f"""name: test
+data:
+  source: tsv
+  path: {corpus}
+  valid_size: 30
+  test_size: 30
+tokenizer:
+  min_frequency: 1
+model:
+  d_model: 32
+  layers: 1
+  heads: 2
+  d_ff: 64
+train:
+  batch_tokens: 512
+  lr: 0.003
+  warmup_steps: 10
+  log_every: 2
+  valid_every: 5
+  checkpoint_every: 3
+{train_lines}decode:
+  valid_sentences: 20
+"""
+
+
+@pytest.fixture
+def tiny_config(tmp_path, corpus_tsv) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(tiny_config_text(corpus_tsv, max_steps=6), encoding="utf-8")
+    return path
+
+
+def run_tmt(*args: str, cwd: Path | None = None, stdin: str | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real `tmt` command (as `python -m transformer_mt`, same interpreter)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd,
+                          input=stdin, capture_output=True, text=True, timeout=timeout, env=env)

@@ -1,0 +1,81 @@
+import numpy as np
+import torch
+
+from transformer_mt.batching import Collator, EncodedPairs, TokenBatchSampler, tgt_mask
+from transformer_mt.config import TokenizerConfig
+from transformer_mt.tokenizer import TextCodec, train_tokenizer
+
+
+def _lengths(n=1000, seed=0):
+    return np.random.default_rng(seed).integers(3, 40, n)
+
+
+def test_every_example_exactly_once_per_epoch():
+    lengths = _lengths()
+    sampler = TokenBatchSampler(lengths, 512, seed=1)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        seen = sorted(i for batch in sampler for i in batch)
+        assert seen == list(range(len(lengths)))
+
+
+def test_batches_respect_the_token_budget():
+    lengths = _lengths()
+    sampler = TokenBatchSampler(lengths, 300, seed=1)
+    for batch in sampler:
+        assert len(batch) * lengths[batch].max() <= 300 or len(batch) == 1
+
+
+def test_same_seed_same_order_new_epoch_new_order():
+    a = TokenBatchSampler(_lengths(), 512, seed=1)
+    b = TokenBatchSampler(_lengths(), 512, seed=1)
+    assert list(a) == list(b)
+    b.set_epoch(1)
+    assert list(a) != list(b)
+
+
+def test_resume_mid_epoch_continues_the_same_plan():
+    sampler = TokenBatchSampler(_lengths(), 512, seed=1)
+    sampler.set_epoch(2)
+    full = list(sampler)
+    sampler.set_epoch(2, start=5)
+    assert list(sampler) == full[5:]
+
+
+def test_ranks_get_disjoint_equal_shares():
+    lengths = _lengths(1001)
+    shares = [list(TokenBatchSampler(lengths, 512, seed=1, rank=r, world_size=3))
+              for r in range(3)]
+    assert len({len(s) for s in shares}) == 1
+    flat = [i for share in shares for batch in share for i in batch]
+    assert len(flat) == len(set(flat))
+
+
+def test_padding_efficiency_is_high_with_buckets():
+    lengths = _lengths(5000)
+    pairs = EncodedPairs.__new__(EncodedPairs)
+    pairs.src = [[5] * (n - 2) for n in lengths]
+    pairs.tgt = [[5] * (n - 1) for n in lengths]
+    assert TokenBatchSampler(pairs.lengths(), 4096, seed=0).padding_efficiency(pairs) > 0.9
+
+
+def test_collate_builds_shifted_targets_and_masks():
+    codec = TextCodec(train_tokenizer(["a b c d"], TokenizerConfig(min_frequency=1)))
+    batch = Collator(codec, codec)([([4, 5, 6], [7, 8]), ([4], [7, 8, 9, 10])])
+    sos, eos, pad = codec.sos_id, codec.eos_id, codec.pad_id
+    assert batch.src.tolist() == [[sos, 4, 5, 6, eos], [sos, 4, eos, pad, pad]]
+    assert batch.tgt_in.tolist() == [[sos, 7, 8, pad, pad], [sos, 7, 8, 9, 10]]
+    assert batch.tgt_out.tolist() == [[7, 8, eos, pad, pad], [7, 8, 9, 10, eos]]
+    assert batch.n_tokens == 3 + 5
+    assert batch.src_mask.shape == (2, 1, 1, 5) and batch.tgt_mask.shape == (2, 1, 5, 5)
+    assert batch.src_mask[1, 0, 0].tolist() == [True, True, True, False, False]
+    # row 0: position 2 sees 0..2, never the padding at 3, 4
+    assert batch.tgt_mask[0, 0, 2].tolist() == [True, True, True, False, False]
+    assert batch.tgt_mask[1, 0].equal(torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_tgt_mask_hides_future_and_padding():
+    tgt = torch.tensor([[2, 5, 6, 1]])
+    mask = tgt_mask(tgt, pad_id=1)[0, 0]
+    assert not mask.triu(1).any()
+    assert not mask[:, 3].any()

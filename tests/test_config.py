@@ -1,0 +1,85 @@
+from pathlib import Path
+
+import pytest
+
+from transformer_mt.config import Config, apply_overrides, config_from_dict, load_config
+from transformer_mt.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["tiny", "tatoeba_en_it", "opus_books_en_it"])
+def test_shipped_configs_load(name):
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml")
+    assert cfg.name == name
+
+
+def test_reference_config_documents_every_key():
+    text = (ROOT / "configs" / "opus_books_en_it.yaml").read_text()
+    for section, values in Config().to_dict().items():
+        keys = values if isinstance(values, dict) else {section: values}
+        for key in keys:
+            assert f"{key}:" in text, f"{section}.{key} is not documented in the reference config"
+
+
+def test_reference_hyperparameters():
+    m = load_config(ROOT / "configs" / "opus_books_en_it.yaml")
+    assert (m.model.d_model, m.model.layers, m.model.heads, m.model.d_ff) == (512, 6, 8, 2048)
+    assert m.model.dropout == 0.1 and m.train.label_smoothing == 0.1
+
+
+def test_unknown_key_names_section_and_closest_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'lerning_rate' in section 'train'"):
+        config_from_dict({"train": {"lerning_rate": 1}})
+    with pytest.raises(ConfigError, match=r"did you mean 'd_model'"):
+        config_from_dict({"model": {"dmodel": 1}})
+    with pytest.raises(ConfigError, match=r"unknown top-level key 'modle'.*'model'"):
+        config_from_dict({"modle": {}})
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"train": {"lr": "fast"}}, r"train\.lr: must be a number"),
+    ({"train": {"lr": -0.1}}, r"train\.lr: must be > 0"),
+    ({"model": {"layers": 2.5}}, r"model\.layers: must be an integer"),
+    ({"model": {"layers": True}}, r"model\.layers: must be an integer"),
+    ({"model": {"dropout": 1.0}}, r"model\.dropout: must be < 1"),
+    ({"model": {"norm": "middle"}}, r"model\.norm: must be one of pre, post"),
+    ({"model": {"d_model": 100, "heads": 8}}, r"divisible by model\.heads"),
+    ({"train": {"adam_betas": [0.9]}}, r"adam_betas"),
+    ({"data": {"source": "tsv"}}, r"data\.path is required"),
+    ({"data": "oops"}, r"section 'data': must be a mapping"),
+])
+def test_invalid_values_name_key_and_expectation(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)
+
+
+def test_overrides_are_typed_and_validated(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  layers: 6\n")
+    cfg = load_config(path, ["train.lr=3e-4", "model.layers=4", "model.tie_embeddings=true"])
+    assert cfg.train.lr == 3e-4 and cfg.model.layers == 4 and cfg.model.tie_embeddings is True
+    with pytest.raises(ConfigError, match="unknown key 'layer'.*did you mean 'layers'"):
+        load_config(path, ["model.layer=4"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        apply_overrides({}, ["model.layers"])
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(empty)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model:\n  layers: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"line \d+"):
+        load_config(broken)
+
+
+def test_data_paths_resolve_relative_to_the_config_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "c.yaml"
+    path.write_text("data:\n  source: tsv\n  path: ../pairs.tsv\n")
+    assert load_config(path).data.path == str(tmp_path / "pairs.tsv")

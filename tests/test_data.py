@@ -1,0 +1,136 @@
+import json
+import time
+
+import datasets
+import pytest
+
+from transformer_mt.config import DataConfig
+from transformer_mt.data import clean_pairs, load_corpus, normalize_text, prepare_splits, \
+    split_by_source
+from transformer_mt.errors import TmtError
+
+from conftest import sample_pairs, write_tsv
+
+
+def test_normalize_text_collapses_space_and_removes_control_characters():
+    assert normalize_text("  a\tb\u200b c\x07\n d\u00a0e ") == "a b c d e"
+    assert normalize_text("caffe\u0300") == "caffè"       # NFC composes the accent
+
+
+def test_clean_pairs_drops_empty_and_duplicates_and_limits_length():
+    src = ["a b", "a b", " ", "x", "one two three four"]
+    tgt = ["c d", "c d", "y", "", "uno due tre quattro"]
+    kept_src, kept_tgt = clean_pairs(src, tgt, DataConfig(max_len=3))
+    assert kept_src == ["a b"] and kept_tgt == ["c d"]
+    kept_src, kept_tgt = clean_pairs(src, tgt, DataConfig(max_len=3, long_sentences="truncate"))
+    assert kept_src == ["a b", "one two three"] and kept_tgt == ["c d", "uno due tre"]
+
+
+def test_a_very_long_sentence_is_filtered_not_fatal():
+    src, tgt = clean_pairs(["word " * 10000, "ok"], ["parola " * 10000, "va bene"],
+                           DataConfig(max_len=100))
+    assert src == ["ok"]
+
+
+def _pairs_with_variants():
+    # Like Tatoeba: one English sentence with several Italian translations.
+    src, tgt = [], []
+    for i in range(300):
+        for variant in range(1 + i % 4):
+            src.append(f"sentence {i}")
+            tgt.append(f"frase {i} variante {variant}")
+    return src, tgt
+
+
+def test_split_leaks_no_source_sentence_and_loses_no_pair():
+    src, tgt = _pairs_with_variants()
+    splits = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
+    sides = {name: set(ds["src"]) for name, ds in splits.items()}
+    assert not sides["train"] & sides["valid"]
+    assert not sides["train"] & sides["test"]
+    assert not sides["valid"] & sides["test"]
+    assert len(sides["valid"]) == 40 and len(sides["test"]) == 40
+    assert sum(len(ds) for _, ds in splits.items()) == len(src)
+
+
+def test_split_is_reproducible_and_seeded():
+    src, tgt = _pairs_with_variants()
+    a = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
+    b = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
+    c = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=4))
+    assert a.valid["src"] == b.valid["src"] and a.test["tgt"] == b.test["tgt"]
+    assert set(a.valid["src"]) != set(c.valid["src"])
+
+
+def test_split_refuses_a_corpus_too_small_for_the_held_out_sets():
+    with pytest.raises(TmtError, match="not enough"):
+        split_by_source(["a", "b"], ["x", "y"], DataConfig(valid_size=1, test_size=1))
+
+
+def test_tsv_keeps_quotes_and_reports_malformed_lines(tmp_path, caplog):
+    path = tmp_path / "c.tsv"
+    path.write_text('He said "hi".\tHa detto "ciao".\nno tab here\nA\tB\tC\nOk.\tVa bene.\n')
+    ds = load_corpus(DataConfig(source="tsv", path=str(path)))
+    assert ds["src"] == ['He said "hi".', "Ok."]
+    assert ds["tgt"] == ['Ha detto "ciao".', "Va bene."]
+    assert "skipped 2 of 4 lines" in caplog.text and "lines 2, 3" in caplog.text
+
+
+def test_jsonl_parquet_and_text_pair_sources(tmp_path):
+    pairs = sample_pairs(20)
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("".join(json.dumps({"translation": {"en": s, "it": t}}) + "\n"
+                             for s, t in pairs))
+    parquet = tmp_path / "c.parquet"
+    datasets.Dataset.from_dict({"en": [s for s, _ in pairs], "it": [t for _, t in pairs]}
+                               ).to_parquet(str(parquet))
+    (tmp_path / "c.en").write_text("".join(s + "\n" for s, _ in pairs))
+    (tmp_path / "c.it").write_text("".join(t + "\n" for _, t in pairs))
+    configs = [DataConfig(source="jsonl", path=str(jsonl)),
+               DataConfig(source="parquet", path=str(parquet)),
+               DataConfig(source="text", src_path=str(tmp_path / "c.en"),
+                          tgt_path=str(tmp_path / "c.it"))]
+    for cfg in configs:
+        ds = load_corpus(cfg)
+        assert list(zip(ds["src"], ds["tgt"])) == pairs, cfg.source
+
+
+def test_text_pair_with_different_line_counts_is_refused(tmp_path):
+    (tmp_path / "a.en").write_text("a\nb\n")
+    (tmp_path / "a.it").write_text("a\n")
+    with pytest.raises(TmtError, match="line-aligned"):
+        load_corpus(DataConfig(source="text", src_path=str(tmp_path / "a.en"),
+                               tgt_path=str(tmp_path / "a.it")))
+
+
+def test_unknown_language_in_jsonl_names_the_available_ones(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"translation": {"en": "a", "fr": "b"}}) + "\n")
+    with pytest.raises(TmtError, match="no language 'it'.*en, fr"):
+        load_corpus(DataConfig(source="jsonl", path=str(path)))
+
+
+def test_missing_file_and_empty_corpus(tmp_path):
+    with pytest.raises(TmtError, match="corpus file not found"):
+        load_corpus(DataConfig(source="tsv", path=str(tmp_path / "nope.tsv")))
+    empty = write_tsv(tmp_path / "e.tsv", [(" ", "x"), ("y", "")])
+    with pytest.raises(TmtError, match="no usable sentence pairs"):
+        prepare_splits(DataConfig(source="tsv", path=str(empty)))
+
+
+def test_hub_offline_fails_fast_naming_the_local_alternative():
+    started = time.monotonic()
+    with pytest.raises(TmtError, match="data.source=tsv"):
+        load_corpus(DataConfig(source="hub", hub_name="Helsinki-NLP/opus_books",
+                               hub_config="en-it"))
+    assert time.monotonic() - started < 30
+
+
+def test_max_pairs_is_a_seeded_sample_not_the_head(tmp_path):
+    pairs = [(f"s{i}", f"t{i}") for i in range(1000)]
+    path = write_tsv(tmp_path / "c.tsv", pairs)
+    cfg = DataConfig(source="tsv", path=str(path), max_pairs=100, valid_size=10, test_size=10)
+    splits = prepare_splits(cfg)
+    kept = {s for _, ds in splits.items() for s in ds["src"]}
+    assert len(kept) == 100 and kept != {f"s{i}" for i in range(100)}
+    assert kept == {s for _, ds in prepare_splits(cfg).items() for s in ds["src"]}

@@ -1,0 +1,127 @@
+import dataclasses
+
+import pytest
+import torch
+
+from transformer_mt.batching import src_pad_mask, tgt_mask
+from transformer_mt.config import ModelConfig
+from transformer_mt.model import build_model
+from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.embeddings import PositionalEncoding
+
+PAD = 1
+SMALL = ModelConfig(d_model=32, layers=2, heads=4, d_ff=64, dropout=0.0)
+
+
+def _model(**changes):
+    torch.manual_seed(0)
+    return build_model(dataclasses.replace(SMALL, **changes), 50, 60).eval()
+
+
+def _batch():
+    torch.manual_seed(1)
+    src = torch.randint(4, 50, (3, 7))
+    tgt = torch.randint(4, 60, (3, 6))
+    src[0, 5:] = PAD
+    src[2, 3:] = PAD
+    tgt[1, 4:] = PAD
+    return src, tgt
+
+
+def test_output_shape():
+    src, tgt = _batch()
+    logits = _model()(src, tgt, src_pad_mask(src, PAD), tgt_mask(tgt, PAD))
+    assert logits.shape == (3, 6, 60)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_no_position_attends_to_source_padding(norm):
+    model = _model(norm=norm)
+    src, tgt = _batch()
+    before = model(src, tgt, src_pad_mask(src, PAD), tgt_mask(tgt, PAD))
+    perturbed = src.clone()
+    perturbed[src == PAD] = 7          # change what sits under the padding mask
+    after = model(perturbed, tgt, src_pad_mask(src, PAD), tgt_mask(tgt, PAD))
+    assert torch.allclose(before, after, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_no_position_attends_to_the_future(norm):
+    model = _model(norm=norm)
+    src, tgt = _batch()
+    mask = tgt_mask(tgt, PAD)
+    before = model(src, tgt, src_pad_mask(src, PAD), mask)
+    for t in range(tgt.size(1)):
+        changed = tgt.clone()
+        changed[:, t:] = torch.randint(4, 60, changed[:, t:].shape)
+        after = model(src, changed, src_pad_mask(src, PAD), mask)
+        assert torch.allclose(before[:, :t], after[:, :t], atol=1e-5), f"position < {t}"
+
+
+def test_masks_matter_at_all():
+    # Guards the two tests above against a model that ignores its input.
+    model = _model()
+    src, tgt = _batch()
+    changed = tgt.clone()
+    changed[:, 0] = 5
+    a = model(src, tgt, src_pad_mask(src, PAD), tgt_mask(tgt, PAD))
+    b = model(src, changed, src_pad_mask(src, PAD), tgt_mask(tgt, PAD))
+    assert not torch.allclose(a[:, 1:], b[:, 1:])
+
+
+def test_sdpa_equals_explicit_attention_with_masks():
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(32, 4, dropout=0.0).eval()
+    x, memory = torch.randn(3, 6, 32), torch.randn(3, 7, 32)
+    src, tgt = _batch()
+    for query, keys, mask in ((x, memory, src_pad_mask(src, PAD)), (x, x, tgt_mask(tgt, PAD))):
+        attention.implementation = "sdpa"
+        fused = attention(query, keys, mask)
+        attention.implementation = "explicit"
+        explicit = attention(query, keys, mask)
+        assert torch.allclose(fused, explicit, atol=1e-5)
+
+
+def test_whole_model_sdpa_equals_explicit():
+    src, tgt = _batch()
+    args = (src, tgt, src_pad_mask(src, PAD), tgt_mask(tgt, PAD))
+    assert torch.allclose(_model(attention="sdpa")(*args), _model(attention="explicit")(*args),
+                          atol=1e-4)
+
+
+def test_keys_queries_and_values_have_their_own_projections():
+    attention = MultiHeadAttention(32, 4, dropout=0.0)
+    weights = [attention.w_q.weight, attention.w_k.weight, attention.w_v.weight,
+               attention.w_o.weight]
+    assert len({w.data_ptr() for w in weights}) == 4
+
+
+def test_every_block_owns_its_feed_forward_and_norms_have_vector_parameters():
+    model = _model()
+    ffns = [b.feed_forward for b in [*model.encoder.blocks, *model.decoder.blocks]]
+    assert len({id(f) for f in ffns}) == len(ffns)
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            assert module.weight.shape == (32,) and module.bias.shape == (32,)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = _model(tie_embeddings=True)
+    assert model.projection.weight is model.tgt_embed.embedding.weight
+    untied = _model()
+    assert sum(p.numel() for p in untied.parameters()) - sum(
+        p.numel() for p in model.parameters()) == 60 * 32
+
+
+def test_positional_encoding_has_no_length_cap():
+    pe = PositionalEncoding(16, dropout=0.0, initial_length=8)
+    out = pe(torch.zeros(1, 5000, 16))
+    assert out.shape == (1, 5000, 16)
+    assert torch.allclose(pe(torch.zeros(1, 3, 16), start=4997), out[:, 4997:])
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model():
+    model = _model()
+    ids = torch.tensor([[5]])
+    expected = model.src_embed.embedding.weight[5] * (32 ** 0.5)
+    assert torch.allclose(model.src_embed(ids)[0, 0], expected)
