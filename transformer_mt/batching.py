@@ -185,5 +185,7 @@ class Collator:
 
 def make_loader(pairs: EncodedPairs, sampler: TokenBatchSampler, collator: Collator,
                 num_workers: int = 0) -> DataLoader:
+    # A private generator: otherwise every new iterator draws a seed from the global torch RNG,
+    # which shifts the dropout masks of everything after it (and breaks exact resume).
     return DataLoader(pairs, batch_sampler=sampler, collate_fn=collator, num_workers=num_workers,
-                      persistent_workers=False)
+                      generator=torch.Generator())

@@ -50,6 +50,12 @@ def atomic_save(obj: dict, path: Path) -> int:
     return path.stat().st_size
 
 
+def remove_partial_writes(directory: Path) -> None:
+    """Delete temporary files that a killed process left behind mid-write (never read)."""
+    for leftover in directory.glob(".*.tmp"):
+        leftover.unlink(missing_ok=True)
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
     """Load with weights_only=True: a file that would run code when unpickled is refused."""
     if not path.is_file():
@@ -106,11 +112,17 @@ def step_checkpoint_name(step: int) -> str:
     return f"step{step:08d}.pt"
 
 
-def rotate(directory: Path, keep_last: int) -> None:
-    """Remove all but the newest `keep_last` step checkpoints (last.pt and best.pt are kept)."""
-    step_files = sorted(directory.glob("step*.pt"))
-    for old in step_files[:-keep_last] if keep_last else step_files:
-        old.unlink(missing_ok=True)
+def rotate(directory: Path, keep_last: int, keep_best: int = 0,
+           scores: dict[int, float] | None = None) -> None:
+    """Remove step checkpoints that are neither among the newest `keep_last` nor among the
+    `keep_best` best-scoring ones (`scores`: step -> validation BLEU). last.pt and best.pt stay."""
+    step_files = {int(p.stem[4:]): p for p in directory.glob("step*.pt") if p.stem[4:].isdigit()}
+    keep = set(sorted(step_files)[-keep_last:]) if keep_last else set()
+    ranked = sorted((s for s in (scores or {}) if s in step_files), key=lambda s: -scores[s])
+    keep.update(ranked[:keep_best])
+    for step, path in step_files.items():
+        if step not in keep:
+            path.unlink(missing_ok=True)
 
 
 def human_size(size: int) -> str:

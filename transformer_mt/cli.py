@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import random
 import sys
 from pathlib import Path
@@ -72,7 +73,7 @@ def _seed_everything(seed: int) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from .checkpoint import load_checkpoint
+    from .checkpoint import load_checkpoint, remove_partial_writes
     from .config import save_config
     from .device import pick_device
     from .model import build_model, count_parameters
@@ -97,6 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise TmtError(f"{run.path} already holds a run (checkpoints/last.pt); pass --resume to "
                        f"continue it or --run-dir NEW_DIR to start another")
     run.ensure_writable()
+    remove_partial_writes(run.checkpoints)
     setup_logging(log_file=run.path / "train.log")
     save_config(cfg, run.config)
     if cfg.train.threads:
@@ -203,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         print("tmt: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader went away (e.g. `tmt translate ... | head -1`): nothing left to do.
-        sys.stderr.close()
+        # The reader went away (e.g. `tmt translate ... | head -1`): nothing left to do. Point
+        # stdout at /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 

@@ -83,6 +83,9 @@ class TrainConfig:
     valid_every: int = _spec(1000, low=1)
     checkpoint_every: int = _spec(1000, low=1)
     keep_last: int = _spec(1, low=1)
+    keep_best: int = _spec(1, low=0)
+    patience: Optional[int] = _spec(None, low=1)
+    max_bad_steps: int = _spec(5, low=1)
     num_workers: int = _spec(0, low=0)
     threads: Optional[int] = _spec(None, low=1)
 

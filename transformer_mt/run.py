@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,26 +82,30 @@ class RunData:
     valid: EncodedPairs
 
 
-def _splits_saved(run: RunDir) -> bool:
-    return all((run.data / name / "dataset_info.json").is_file()
-               for name in ("train", "valid", "test"))
-
-
 def prepare_data(cfg: Config, run: RunDir) -> None:
-    """Create the run's split and tokenizers if it has none yet (idempotent)."""
-    if _splits_saved(run) and (run.tokenizers / "tgt.json").is_file():
+    """Create the run's split and tokenizers if it has none yet (idempotent).
+
+    Everything is written to a staging folder first and moved into place with renames, data
+    last, so a run killed half-way through leaves either nothing or a complete set."""
+    if run.data.is_dir() and (run.tokenizers / "tgt.json").is_file():
         return
     splits = prepare_splits(cfg.data)
     log.info("split: %d train, %d valid, %d test pairs (no source sentence in two splits)",
              len(splits.train), len(splits.valid), len(splits.test))
-    save_splits(splits, run.data)
-    run.tokenizers.mkdir(parents=True, exist_ok=True)
-    for side, column in (("src", "src"), ("tgt", "tgt")):
+    staging = run.path / ".staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_splits(splits, staging / "data")
+    (staging / "tokenizers").mkdir(parents=True)
+    for side in ("src", "tgt"):
         # Trained on the train split only: valid/test words must not leak into the vocabulary.
-        codec = TextCodec(train_tokenizer(splits.train[column], cfg.tokenizer))
-        codec.save(run.tokenizers / f"{side}.json")
+        codec = TextCodec(train_tokenizer(splits.train[side], cfg.tokenizer))
+        codec.save(staging / "tokenizers" / f"{side}.json")
         log.info("%s tokenizer: %d words (min_frequency %d)", side, codec.vocab_size,
                  cfg.tokenizer.min_frequency)
+    for name in ("tokenizers", "data"):
+        shutil.rmtree(run.path / name, ignore_errors=True)
+        os.replace(staging / name, run.path / name)
+    staging.rmdir()
 
 
 def load_data(run: RunDir) -> RunData:

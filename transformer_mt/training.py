@@ -90,6 +90,9 @@ class Trainer:
         self.batch_in_epoch = 0
         self.best_bleu = -1.0
         self.best_step = 0
+        self.validation_bleu: dict[int, float] = {}   # step -> BLEU, for keep_best and patience
+        self.bad_steps = 0            # consecutive steps skipped for a non-finite loss/gradient
+        self.skipped_steps = 0
         self.writer: SummaryWriter | None = None
 
     # ------------------------------------------------------------------ state
@@ -101,6 +104,8 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "best_bleu": self.best_bleu, "best_step": self.best_step,
+            "validation_bleu": [[step, bleu] for step, bleu in self.validation_bleu.items()],
+            "bad_steps": self.bad_steps, "skipped_steps": self.skipped_steps,
             "rng": rng_state(),
             "config": self.cfg.to_dict(),
             "vocab": {"src": self.data.src_codec.vocab_size, "tgt": self.data.tgt_codec.vocab_size},
@@ -122,17 +127,23 @@ class Trainer:
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
         self.best_bleu, self.best_step = state["best_bleu"], state["best_step"]
+        self.validation_bleu = {int(step): bleu for step, bleu in state["validation_bleu"]}
+        self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
         set_rng_state(state["rng"])
 
     def save_checkpoint(self, best: bool = False) -> None:
         state = self.state_dict()
+        # best.pt before last.pt: if we die in between, the resumed run (from the older last.pt)
+        # validates again and rewrites best.pt, so the two never disagree.
+        if best:
+            atomic_save(state, self.run.best)
         size = atomic_save(state, self.run.last)
         snapshot = self.run.checkpoints / step_checkpoint_name(self.step)
         snapshot.unlink(missing_ok=True)
         snapshot.hardlink_to(self.run.last)      # a second name for the same bytes: no extra I/O
-        rotate(self.run.checkpoints, self.cfg.train.keep_last)
-        if best:
-            atomic_save(state, self.run.best)
+        # Older files go only now that the new one is safely on disk.
+        rotate(self.run.checkpoints, self.cfg.train.keep_last, self.cfg.train.keep_best,
+               self.validation_bleu)
         log.info("checkpoint at step %d: %s (%s)%s", self.step, self.run.last, human_size(size),
                  ", new best" if best else "")
 
@@ -146,7 +157,8 @@ class Trainer:
 
     def train_step(self, batches: list[Batch]) -> tuple[float, float, int]:
         """One optimizer step over `batches` (gradient accumulation); the loss is averaged over
-        all their real target tokens. Returns (loss per token, grad norm, tokens)."""
+        all their real target tokens. A non-finite loss or gradient skips the update.
+        Returns (loss per token, grad norm, tokens)."""
         self.model.train()
         tokens = sum(b.n_tokens for b in batches)
         total = 0.0
@@ -154,12 +166,20 @@ class Trainer:
             loss = self._forward_loss(batch.to(self.device))
             (loss / tokens).backward()
             total += loss.item()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), self.cfg.train.clip_norm or float("inf"))
-        self.optimizer.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), self.cfg.train.clip_norm or float("inf")))
+        if math.isfinite(total) and math.isfinite(grad_norm):
+            self.optimizer.step()
+            self.scheduler.step()
+            self.bad_steps = 0
+        else:
+            self.bad_steps += 1
+            self.skipped_steps += 1
+            log.warning("step %d: non-finite %s, update skipped (%d in a row, %d in all)",
+                        self.step + 1, "loss" if not math.isfinite(total) else "gradient",
+                        self.bad_steps, self.skipped_steps)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return total / tokens, float(grad_norm), tokens
+        return total / tokens, grad_norm, tokens
 
     @torch.no_grad()
     def validate(self) -> dict:
@@ -184,12 +204,8 @@ class Trainer:
     def _step_groups(self) -> Iterator[list[Batch]]:
         """The rest of the current epoch, `accumulate` batches at a time."""
         self.sampler.set_epoch(self.epoch, self.batch_in_epoch)
-        loader = make_loader(self.data.train, self.sampler, self.collator,
-                             self.cfg.train.num_workers)
-        # A private generator keeps the DataLoader from drawing on the global RNG, which would
-        # shift dropout masks after a resume.
-        loader.generator = torch.Generator()
-        batches = iter(loader)
+        batches = iter(make_loader(self.data.train, self.sampler, self.collator,
+                                   self.cfg.train.num_workers))
         while group := list(itertools.islice(batches, self.cfg.train.accumulate)):
             yield group
 
@@ -211,10 +227,28 @@ class Trainer:
     def _validate_and_checkpoint(self) -> None:
         metrics = self.validate()
         self._log_validation(metrics)
+        self.validation_bleu[self.step] = metrics["bleu"]
         improved = metrics["bleu"] > self.best_bleu
         if improved:
             self.best_bleu, self.best_step = metrics["bleu"], self.step
         self.save_checkpoint(best=improved)
+
+    def _patience_exhausted(self) -> bool:
+        patience = self.cfg.train.patience
+        if patience is None:
+            return False
+        later = [step for step in self.validation_bleu if step > self.best_step]
+        return len(later) >= patience
+
+    def _stop_reason(self, total: int) -> str | None:
+        """Why the run should stop after the current step, or None to go on."""
+        if self.step >= total:
+            return "max_steps"
+        if self.bad_steps >= self.cfg.train.max_bad_steps:
+            return "faults"
+        if self._patience_exhausted():
+            return "patience"
+        return None
 
     def total_steps(self) -> int:
         t = self.cfg.train
@@ -222,7 +256,8 @@ class Trainer:
         return min(t.max_steps, by_epochs) if t.max_steps is not None else by_epochs
 
     def train(self) -> int:
-        """Train until max_steps/max_epochs or a stop signal. Returns the process exit code."""
+        """Train until max_steps/max_epochs, early stopping, repeated numerical faults or a stop
+        signal. Returns the process exit code."""
         t = self.cfg.train
         total = self.total_steps()
         self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.step or None)
@@ -230,8 +265,9 @@ class Trainer:
                    mininterval=1.0)
         window_loss = window_tokens = window_seconds = 0.0
         last_saved = self.step
+        reason = None
         with StopRequest() as stop:
-            while self.step < total and self.epoch < t.max_epochs and stop.signal is None:
+            while reason is None and self.epoch < t.max_epochs:
                 epoch_finished = True
                 for group in self._step_groups():
                     started = time.perf_counter()
@@ -239,40 +275,52 @@ class Trainer:
                     window_seconds += time.perf_counter() - started
                     self.step += 1
                     self.batch_in_epoch += len(group)
-                    window_loss += loss * tokens
-                    window_tokens += tokens
+                    if math.isfinite(loss):
+                        window_loss += loss * tokens
+                        window_tokens += tokens
                     lr = self.optimizer.param_groups[0]["lr"]
                     bar.update(1)
                     bar.set_postfix(epoch=self.epoch, loss=f"{loss:.3f}", lr=f"{lr:.2e}",
                                     tok_s=f"{window_tokens / max(window_seconds, 1e-9):.0f}",
                                     refresh=False)
-                    if self.step % t.log_every == 0:
+                    if self.step % t.log_every == 0 and window_tokens:
                         self._log_train(window_loss / window_tokens, lr, grad_norm,
                                         window_tokens / window_seconds)
                         window_loss = window_tokens = window_seconds = 0.0
-                    if self.step % t.valid_every == 0:
+                    if self.bad_steps == 0 and self.step % t.valid_every == 0:
                         self._validate_and_checkpoint()
                         last_saved = self.step
-                    elif self.step % t.checkpoint_every == 0:
+                    elif self.bad_steps == 0 and self.step % t.checkpoint_every == 0:
                         self.save_checkpoint()
                         last_saved = self.step
-                    if self.step >= total or stop.signal is not None:
+                    reason = self._stop_reason(total) or ("signal" if stop.signal else None)
+                    if reason:
                         epoch_finished = False
                         break
                 if epoch_finished:
                     self.epoch += 1
                     self.batch_in_epoch = 0
             bar.close()
-            if stop.signal is not None:
-                if last_saved != self.step:
-                    self.save_checkpoint()
-                log.info("stopped at step %d; resume with: tmt train --run-dir %s --resume",
-                         self.step, self.run.path)
-                self.writer.close()
-                return 130 if stop.signal == signal.SIGINT else 143
-            if last_saved != self.step:
+            if reason in (None, "max_steps") and last_saved != self.step:
                 self._validate_and_checkpoint()
+            elif reason == "signal" and last_saved != self.step:
+                self.save_checkpoint()
         self.writer.close()
+        return self._report_end(reason, stop.signal)
+
+    def _report_end(self, reason: str | None, signum: int | None) -> int:
+        if reason == "signal":
+            log.info("stopped at step %d; resume with: tmt train --run-dir %s --resume",
+                     self.step, self.run.path)
+            return 130 if signum == signal.SIGINT else 143
+        if reason == "faults":
+            log.error("stopping: %d consecutive steps up to step %d had a non-finite loss or "
+                      "gradient; the last good checkpoint is %s (lower train.lr or check the "
+                      "data, then resume)", self.bad_steps, self.step, self.run.last)
+            return 1
+        if reason == "patience":
+            log.info("early stopping at step %d: no better validation BLEU in %d validations",
+                     self.step, self.cfg.train.patience)
         log.info("finished at step %d (epoch %d); best valid BLEU %.2f at step %d", self.step,
                  self.epoch, self.best_bleu, self.best_step)
         return 0

@@ -1,0 +1,141 @@
+"""Exact resume and fault tolerance: interrupted runs end bitwise equal to unbroken ones."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.checkpoint import load_checkpoint
+
+from conftest import run_tmt, tiny_config_text
+
+STEPS = 40
+
+
+@pytest.fixture
+def resume_config(tmp_path, corpus_tsv) -> Path:
+    path = tmp_path / "resume.yaml"
+    # dropout stays on (0.1 by default): resuming must restore the dropout RNG too.
+    path.write_text(tiny_config_text(corpus_tsv, valid_every=10, checkpoint_every=4,
+                                     max_steps=STEPS))
+    return path
+
+
+def _final_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+def _assert_same_training_state(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] and a["epoch"] == b["epoch"]
+    assert a["batch_in_epoch"] == b["batch_in_epoch"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for pid, slots in a["optimizer"]["state"].items():
+        for key, value in slots.items():
+            assert torch.equal(torch.as_tensor(value),
+                               torch.as_tensor(b["optimizer"]["state"][pid][key])), (pid, key)
+
+
+@pytest.fixture
+def unbroken(tmp_path, resume_config) -> dict:
+    run_dir = tmp_path / "unbroken"
+    result = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    return _final_state(run_dir)
+
+
+def test_stop_and_resume_is_bitwise_identical(tmp_path, resume_config, unbroken):
+    run_dir = tmp_path / "halves"
+    # Stop at a step that is neither a checkpoint nor a validation step of the unbroken run.
+    first = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir),
+                    "--max-steps", "17")
+    assert first.returncode == 0, first.stderr
+    second = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir),
+                     "--resume")
+    assert second.returncode == 0, second.stderr
+    _assert_same_training_state(_final_state(run_dir), unbroken)
+
+
+def _every_checkpoint_loads(run_dir: Path) -> None:
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        load_checkpoint(path)                       # raises on a half-written file
+
+
+def _start(resume_config: Path, run_dir: Path) -> subprocess.Popen:
+    args = [sys.executable, "-m", "transformer_mt", "train", "--config", str(resume_config),
+            "--run-dir", str(run_dir)]
+    if (run_dir / "checkpoints" / "last.pt").is_file():
+        args.append("--resume")
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_during_checkpoint_write(process: subprocess.Popen, run_dir: Path) -> bool:
+    """Poll for a checkpoint's temporary file and SIGKILL the moment one exists."""
+    checkpoints = run_dir / "checkpoints"
+    deadline = time.monotonic() + 60
+    while process.poll() is None and time.monotonic() < deadline:
+        if checkpoints.is_dir() and any(n.endswith(".tmp") for n in os.listdir(checkpoints)):
+            process.kill()
+            process.wait()
+            return True
+    process.kill()
+    process.wait()
+    return False
+
+
+def test_sigkill_at_random_moments_then_resume_equals_unbroken(tmp_path, resume_config,
+                                                               unbroken):
+    run_dir = tmp_path / "killed"
+    rng = random.Random(1)
+    kills = caught_writing = 0
+    for attempt in range(8):
+        process = _start(resume_config, run_dir)
+        if attempt % 2:
+            caught_writing += _kill_during_checkpoint_write(process, run_dir)
+        else:
+            try:
+                process.wait(timeout=rng.uniform(3.0, 9.0))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        kills += process.returncode == -signal.SIGKILL
+        _every_checkpoint_loads(run_dir)
+        if process.returncode == 0:
+            break
+    assert kills >= 3 and caught_writing >= 1, (kills, caught_writing)
+    while True:                                     # finish the run
+        process = _start(resume_config, run_dir)
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr
+        if _final_state(run_dir)["step"] == STEPS:
+            break
+    _assert_same_training_state(_final_state(run_dir), unbroken)
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.suffix == ".tmp"]
+
+
+def test_sigint_finishes_the_step_saves_and_exits_130(tmp_path, corpus_tsv):
+    config = tmp_path / "long.yaml"
+    config.write_text(tiny_config_text(corpus_tsv, max_steps=100000, checkpoint_every=100000,
+                                       valid_every=100000))
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "train", "--config",
+                                str(config), "--run-dir", str(run_dir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    log = run_dir / "train.log"
+    while time.monotonic() < deadline and not (log.is_file() and "model:" in log.read_text()):
+        time.sleep(0.2)
+    time.sleep(2.0)                                 # let it train a few steps
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert f"tmt train --run-dir {run_dir} --resume" in stderr
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["step"] > 0
