@@ -26,12 +26,13 @@ class _TqdmHandler(logging.Handler):
         tqdm.write(self.format(record), file=sys.stderr)
 
 
-def setup_logging(level: int = logging.INFO, log_file: Path | None = None) -> None:
+def setup_logging(level: int = logging.INFO, log_file: Path | None = None,
+                  prefix: str = "tmt") -> None:
     log.handlers.clear()
     log.setLevel(logging.INFO)
     console = _TqdmHandler()
     console.setLevel(level)
-    console.setFormatter(logging.Formatter("tmt: %(message)s"))
+    console.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
     log.addHandler(console)
     if log_file is not None:
         handler = logging.FileHandler(log_file, encoding="utf-8")
@@ -71,19 +72,30 @@ def _seed_everything(seed: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .distributed import init_distributed, shutdown
+
+    cfg, run = _load_train_config(args)
+    info, device_name = init_distributed(cfg.train.device)
+    try:
+        return _train(cfg, run, args.resume, info, device_name)
+    finally:
+        shutdown()
+
+
+def _train(cfg, run, resume: bool, info, device_name: str) -> int:
     import torch
 
     from .checkpoint import load_checkpoint, remove_partial_writes
     from .config import save_config
     from .device import pick_device
+    from .distributed import barrier
     from .model import build_model, count_parameters
     from .resume import check_resume_config
     from .run import load_data, prepare_data
     from .training import Trainer
 
-    cfg, run = _load_train_config(args)
     state = None
-    if args.resume:
+    if resume:
         if not run.last.is_file():
             raise TmtError(f"nothing to resume: no checkpoint {run.last}; start the run without "
                            f"--resume")
@@ -91,31 +103,44 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = check_resume_config(cfg, state, log)
         max_steps = cfg.train.max_steps
         if max_steps is not None and state["step"] >= max_steps:
-            print(f"tmt: {run.path} already reached step {state['step']} (train.max_steps="
-                  f"{max_steps}); pass a larger --max-steps to continue", file=sys.stderr)
+            if info.is_main:
+                print(f"tmt: {run.path} already reached step {state['step']} (train.max_steps="
+                      f"{max_steps}); pass a larger --max-steps to continue", file=sys.stderr)
             return 0
     elif run.last.is_file():
         raise TmtError(f"{run.path} already holds a run (checkpoints/last.pt); pass --resume to "
                        f"continue it or --run-dir NEW_DIR to start another")
-    run.ensure_writable()
-    remove_partial_writes(run.checkpoints)
-    setup_logging(log_file=run.path / "train.log")
-    save_config(cfg, run.config)
+    if info.is_main:
+        run.ensure_writable()
+        remove_partial_writes(run.checkpoints)
+        setup_logging(log_file=run.path / "train.log")
+        save_config(cfg, run.config)
+    else:
+        setup_logging(logging.WARNING, prefix=f"tmt[rank {info.rank}]")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    device = pick_device(cfg.train.device)
+    device = pick_device(device_name)
     _seed_everything(cfg.train.seed)
-    prepare_data(cfg, run)
-    data = load_data(run)
+    # Rank 0 alone writes the split, the tokenizers and the encoded-ids cache; the other ranks
+    # wait, then read the very same files (no races, one split for all).
+    if info.is_main:
+        prepare_data(cfg, run)
+        data = load_data(run)
+    barrier()
+    if not info.is_main:
+        data = load_data(run)
     model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size)
     model.to(device)
-    trainer = Trainer(cfg, run, data, model, device)
+    if info.rank:
+        torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
+    trainer = Trainer(cfg, run, data, model, device, info)
     if state is not None:
         trainer.load_state_dict(state)
         log.info("resumed %s at step %d (epoch %d)", run.path, trainer.step, trainer.epoch)
-    log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s; run %s",
+    log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s%s; run %s",
              f"{count_parameters(model):,}", cfg.model.d_model, cfg.model.layers,
-             data.src_codec.vocab_size, data.tgt_codec.vocab_size, device, run.path)
+             data.src_codec.vocab_size, data.tgt_codec.vocab_size, device,
+             f" x {info.world_size} processes" if info.enabled else "", run.path)
     return trainer.train()
 
 

@@ -3,6 +3,7 @@ validation with BLEU/chrF, TensorBoard, checkpoints and exact resume."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -21,9 +22,13 @@ from .checkpoint import atomic_save, human_size, rng_state, rotate, set_rng_stat
     step_checkpoint_name
 from .config import Config
 from .device import autocast
+from .distributed import DistInfo, any_rank, broadcast_from_main, gather_to_main, \
+    sum_across_ranks
+from .errors import TmtError
 from .evaluate import corpus_scores
 from .model import Transformer
 from .run import RunData, RunDir
+from .stopping import StopRequest
 from .translator import Translator
 
 log = logging.getLogger(__name__)
@@ -45,41 +50,24 @@ def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
                            ignore_index=pad_id, label_smoothing=smoothing, reduction="sum")
 
 
-class StopRequest:
-    """First SIGINT/SIGTERM: stop after the current step and checkpoint. Second: exit at once
-    (checkpoints are written atomically, so that is safe too)."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self._previous = {}
-
-    def __enter__(self) -> "StopRequest":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame) -> None:
-        if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signum
-        tqdm.write(f"{signal.Signals(signum).name}: finishing the current step and saving a "
-                   f"checkpoint (press Ctrl-C again to quit at once)")
-
-
 class Trainer:
     def __init__(self, cfg: Config, run: RunDir, data: RunData, model: Transformer,
-                 device: torch.device):
+                 device: torch.device, dist_info: DistInfo = DistInfo()):
         self.cfg, self.run, self.data, self.model, self.device = cfg, run, data, model, device
+        self.dist = dist_info
         t = cfg.train
+        # Training runs through the DDP wrapper (gradient all-reduce); everything else, from
+        # validation to checkpoints, uses the plain module.
+        self.train_model: torch.nn.Module = model
+        if dist_info.enabled:
+            self.train_model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
                                           eps=t.adam_eps, weight_decay=t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: noam_factor(step + 1, t.warmup_steps))
-        self.sampler = TokenBatchSampler(data.train.lengths(), t.batch_tokens, t.seed)
+        self.sampler = TokenBatchSampler(data.train.lengths(), t.batch_tokens, t.seed,
+                                         rank=dist_info.rank, world_size=dist_info.world_size)
         self.collator = Collator(data.src_codec, data.tgt_codec)
         self.valid_sampler = TokenBatchSampler(data.valid.lengths(), t.batch_tokens, t.seed,
                                                shuffle=False)
@@ -107,6 +95,7 @@ class Trainer:
             "validation_bleu": [[step, bleu] for step, bleu in self.validation_bleu.items()],
             "bad_steps": self.bad_steps, "skipped_steps": self.skipped_steps,
             "rng": rng_state(),
+            "world_size": self.dist.world_size,
             "config": self.cfg.to_dict(),
             "vocab": {"src": self.data.src_codec.vocab_size, "tgt": self.data.tgt_codec.vocab_size},
             "tokenizers": {"src": self.data.src_codec.to_str(),
@@ -129,10 +118,29 @@ class Trainer:
         self.best_bleu, self.best_step = state["best_bleu"], state["best_step"]
         self.validation_bleu = {int(step): bleu for step, bleu in state["validation_bleu"]}
         self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
-        set_rng_state(state["rng"])
+        saved_world = state.get("world_size", 1)
+        if saved_world != self.dist.world_size:
+            raise TmtError(f"cannot resume: the checkpoint was written by {saved_world} "
+                           f"process(es) and this run has {self.dist.world_size}; the batch plan "
+                           f"and random states are per process, so resume with "
+                           f"--nproc_per_node={saved_world} (in all) for an exact continuation")
+        set_rng_state(state["rng_ranks"][self.dist.rank] if "rng_ranks" in state else state["rng"])
 
     def save_checkpoint(self, best: bool = False) -> None:
+        """Called on every rank (it gathers their random states); only rank 0 writes."""
+        rng_ranks = gather_to_main(rng_state())
+        checksums = gather_to_main(self._parameter_checksum())
+        if not self.dist.is_main:
+            return
+        if len(set(checksums)) > 1:
+            # DDP keeps replicas equal by construction; if they ever differ, stop rather than
+            # checkpoint one replica of a diverged job (fairseq checks the same at each step).
+            raise TmtError(f"parameters differ between ranks at step {self.step} "
+                           f"(checksums {checksums}); the last good checkpoint is {self.run.last}")
         state = self.state_dict()
+        if self.dist.enabled:
+            state["rng_ranks"] = rng_ranks
+            state["rank_parameter_checksums"] = checksums
         # best.pt before last.pt: if we die in between, the resumed run (from the older last.pt)
         # validates again and rewrites best.pt, so the two never disagree.
         if best:
@@ -147,11 +155,16 @@ class Trainer:
         log.info("checkpoint at step %d: %s (%s)%s", self.step, self.run.last, human_size(size),
                  ", new best" if best else "")
 
+    def _parameter_checksum(self) -> float:
+        with torch.no_grad():
+            return float(sum(p.double().sum() for p in self.model.parameters()))
+
     # ------------------------------------------------------------------ steps
 
-    def _forward_loss(self, batch: Batch) -> torch.Tensor:
+    def _forward_loss(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
         with autocast(self.device):
-            logits = self.model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+            logits = (model or self.model)(batch.src, batch.tgt_in, batch.src_mask,
+                                           batch.tgt_mask)
         return label_smoothed_loss(logits, batch.tgt_out, self.pad_id,
                                    self.cfg.train.label_smoothing)
 
@@ -160,12 +173,21 @@ class Trainer:
         all their real target tokens. A non-finite loss or gradient skips the update.
         Returns (loss per token, grad norm, tokens)."""
         self.model.train()
-        tokens = sum(b.n_tokens for b in batches)
+        # Normalise by the real target tokens of all ranks: DDP averages gradients over ranks,
+        # so scaling by world_size turns that average into the sum over the global batch.
+        tokens = int(sum_across_ranks(sum(b.n_tokens for b in batches), self.device))
+        scale = self.dist.world_size / tokens
         total = 0.0
-        for batch in batches:
-            loss = self._forward_loss(batch.to(self.device))
-            (loss / tokens).backward()
+        for i, batch in enumerate(batches):
+            last = i == len(batches) - 1
+            # Accumulation steps skip DDP's gradient all-reduce; the last one does it once.
+            sync = self.train_model.no_sync() if self.dist.enabled and not last else \
+                contextlib.nullcontext()
+            with sync:
+                loss = self._forward_loss(batch.to(self.device), self.train_model)
+                (loss * scale).backward()
             total += loss.item()
+        total = sum_across_ranks(total, self.device)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), self.cfg.train.clip_norm or float("inf")))
         if math.isfinite(total) and math.isfinite(grad_norm):
@@ -210,6 +232,8 @@ class Trainer:
             yield group
 
     def _log_train(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float) -> None:
+        if self.writer is None:
+            return
         for key, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm),
                            ("tokens_per_s", tokens_per_s)):
             self.writer.add_scalar(f"train/{key}", value, self.step)
@@ -225,12 +249,18 @@ class Trainer:
             self.writer.add_text("valid/samples", text, self.step)
 
     def _validate_and_checkpoint(self) -> None:
-        metrics = self.validate()
-        self._log_validation(metrics)
-        self.validation_bleu[self.step] = metrics["bleu"]
-        improved = metrics["bleu"] > self.best_bleu
+        """Rank 0 validates; every rank receives its BLEU, so all make the same best/stop
+        decisions and keep identical trainer state."""
+        bleu = None
+        if self.dist.is_main:
+            metrics = self.validate()
+            self._log_validation(metrics)
+            bleu = metrics["bleu"]
+        bleu = broadcast_from_main(bleu)
+        self.validation_bleu[self.step] = bleu
+        improved = bleu > self.best_bleu
         if improved:
-            self.best_bleu, self.best_step = metrics["bleu"], self.step
+            self.best_bleu, self.best_step = bleu, self.step
         self.save_checkpoint(best=improved)
 
     def _patience_exhausted(self) -> bool:
@@ -260,9 +290,10 @@ class Trainer:
         signal. Returns the process exit code."""
         t = self.cfg.train
         total = self.total_steps()
-        self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.step or None)
+        if self.dist.is_main:
+            self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.step or None)
         bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
-                   mininterval=1.0)
+                   mininterval=1.0, disable=not self.dist.is_main)
         window_loss = window_tokens = window_seconds = 0.0
         last_saved = self.step
         reason = None
@@ -293,7 +324,9 @@ class Trainer:
                     elif self.bad_steps == 0 and self.step % t.checkpoint_every == 0:
                         self.save_checkpoint()
                         last_saved = self.step
-                    reason = self._stop_reason(total) or ("signal" if stop.signal else None)
+                    # Every rank must stop at the same step, whichever received the signal.
+                    signalled = any_rank(stop.signal is not None, self.device)
+                    reason = self._stop_reason(total) or ("signal" if signalled else None)
                     if reason:
                         epoch_finished = False
                         break
@@ -305,14 +338,15 @@ class Trainer:
                 self._validate_and_checkpoint()
             elif reason == "signal" and last_saved != self.step:
                 self.save_checkpoint()
-        self.writer.close()
+        if self.writer:
+            self.writer.close()
         return self._report_end(reason, stop.signal)
 
     def _report_end(self, reason: str | None, signum: int | None) -> int:
         if reason == "signal":
             log.info("stopped at step %d; resume with: tmt train --run-dir %s --resume",
                      self.step, self.run.path)
-            return 130 if signum == signal.SIGINT else 143
+            return 130 if signum in (signal.SIGINT, None) else 143
         if reason == "faults":
             log.error("stopping: %d consecutive steps up to step %d had a non-finite loss or "
                       "gradient; the last good checkpoint is %s (lower train.lr or check the "

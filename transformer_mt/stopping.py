@@ -1,0 +1,32 @@
+"""Graceful stop on SIGINT/SIGTERM: finish the step, checkpoint, exit."""
+
+from __future__ import annotations
+
+import signal
+
+from tqdm import tqdm
+
+
+class StopRequest:
+    """First SIGINT/SIGTERM: stop after the current step and checkpoint. Second: exit at once
+    (checkpoints are written atomically, so that is safe too)."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._previous = {}
+
+    def __enter__(self) -> "StopRequest":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signum
+        tqdm.write(f"{signal.Signals(signum).name}: finishing the current step and saving a "
+                   f"checkpoint (press Ctrl-C again to quit at once)")
