@@ -105,7 +105,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _seed_everything(cfg.train.seed)
     prepare_data(cfg, run)
     data = load_data(run)
-    model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size)
+    model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size,
+                        cfg.tokenizer.joint)
     model.to(device)
     trainer = Trainer(cfg, run, data, model, device)
     if state is not None:

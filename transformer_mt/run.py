@@ -22,7 +22,7 @@ from pathlib import Path
 from .batching import EncodedPairs, encode_split
 from .checkpoint import BEST, LAST
 from .config import Config
-from .data import Splits, load_splits, prepare_splits, save_splits
+from .data import Splits, column, load_splits, prepare_splits, save_splits
 from .errors import TmtError
 from .tokenizer import TextCodec, train_tokenizer
 
@@ -95,9 +95,18 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
              len(splits.train), len(splits.valid), len(splits.test))
     save_splits(splits, run.data)
     run.tokenizers.mkdir(parents=True, exist_ok=True)
-    for side, column in (("src", "src"), ("tgt", "tgt")):
-        # Trained on the train split only: valid/test words must not leak into the vocabulary.
-        codec = TextCodec(train_tokenizer(splits.train[column], cfg.tokenizer))
+    # Trained on the train split only: valid/test words must not leak into the vocabulary.
+    if cfg.tokenizer.joint:
+        # One vocabulary learnt from both languages, saved under both names so that everything
+        # downstream reads a run the same way whatever the tokenizer type.
+        both_sides = column(splits.train, "src") + column(splits.train, "tgt")
+        codec = TextCodec(train_tokenizer(both_sides, cfg.tokenizer))
+        for side in ("src", "tgt"):
+            codec.save(run.tokenizers / f"{side}.json")
+        log.info("joint BPE tokenizer: %d subwords (trained on both sides)", codec.vocab_size)
+        return
+    for side in ("src", "tgt"):
+        codec = TextCodec(train_tokenizer(splits.train[side], cfg.tokenizer))
         codec.save(run.tokenizers / f"{side}.json")
         log.info("%s tokenizer: %d words (min_frequency %d)", side, codec.vocab_size,
                  cfg.tokenizer.min_frequency)
