@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
+
 from .batching import EncodedPairs, encode_split
 from .checkpoint import BEST, LAST
 from .config import Config
@@ -122,9 +124,43 @@ def load_data(run: RunDir) -> RunData:
     return RunData(splits, src_codec, tgt_codec, encoded["train"], encoded["valid"])
 
 
+def load_test_split(run: RunDir) -> datasets.Dataset:
+    path = run.data / "test"
+    if not (path / "dataset_info.json").is_file():
+        raise TmtError(f"{run.path} has no saved test split ({path}); is it a tmt run directory?")
+    return datasets.load_from_disk(str(path))
+
+
 def latest_run(runs_dir: Path) -> Path | None:
     """The run directory whose newest checkpoint was written last."""
     candidates = [p for p in runs_dir.glob("*/checkpoints/*.pt") if p.name in (LAST, BEST)]
     if not candidates:
         return None
     return max(candidates, key=os.path.getmtime).parent.parent
+
+
+CHECKPOINT_NAMES = {"best": BEST, "last": LAST}
+
+
+def find_checkpoint(checkpoint: str | None, run: Path | None, runs_dir: Path) -> Path:
+    """The checkpoint that `--checkpoint best|last|PATH` and `--run DIR` name: a path is taken
+    as it is; otherwise the run (default: the latest under `runs_dir`) gives its best.pt or
+    last.pt (default: best.pt, or last.pt before the first validation)."""
+    if checkpoint is not None and checkpoint not in CHECKPOINT_NAMES:
+        return Path(checkpoint)
+    run_path = run if run is not None else latest_run(runs_dir)
+    if run_path is None:
+        raise TmtError(f"no trained run found under {runs_dir}/; train one first (tmt train "
+                       f"--config configs/tiny.yaml) or pass --run DIR / --checkpoint FILE")
+    names = [CHECKPOINT_NAMES[checkpoint]] if checkpoint else [BEST, LAST]
+    for name in names:
+        if (run_path / "checkpoints" / name).is_file():
+            return run_path / "checkpoints" / name
+    raise TmtError(f"{run_path} has no checkpoint {' or '.join('checkpoints/' + n for n in names)}"
+                   f"; train it first")
+
+
+def run_of_checkpoint(path: Path) -> RunDir | None:
+    """The run directory a checkpoint file lies in (<run>/checkpoints/x.pt), if any."""
+    run = RunDir(path.resolve().parent.parent)
+    return run if path.resolve().parent.name == "checkpoints" and run.config.is_file() else None

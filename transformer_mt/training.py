@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from .attention_plot import attention_figure, cross_attention
 from .batching import Batch, Collator, TokenBatchSampler, make_loader
 from .checkpoint import atomic_save, human_size, rng_state, rotate, set_rng_state, \
     step_checkpoint_name
@@ -207,6 +208,10 @@ class Trainer:
             text = "\n\n".join(f"**src** {s}  \n**ref** {r}  \n**hyp** {h}"
                                for s, r, h in metrics["samples"])
             self.writer.add_text("valid/samples", text, self.step)
+            for i, (source, _, _) in enumerate(metrics["samples"]):
+                alignment = cross_attention(self.translator, source, self.cfg.decode.beam_size)
+                self.writer.add_figure(f"valid/attention/{i}", attention_figure(alignment),
+                                       self.step)
 
     def _validate_and_checkpoint(self) -> None:
         metrics = self.validate()

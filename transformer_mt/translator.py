@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -32,7 +33,9 @@ class Translator:
                                    decode_cfg.max_len_b)
 
     @classmethod
-    def from_checkpoint(cls, path: Path, device: str = "auto") -> "Translator":
+    def from_checkpoint(cls, path: Path, device: str = "auto", **decode_changes: Any
+                        ) -> "Translator":
+        """`decode_changes` override the run's decode settings, e.g. batch_tokens=2000."""
         state = load_checkpoint(path)
         cfg: Config = config_from_dict(state["config"], str(path))
         src_codec = TextCodec.from_str(state["tokenizers"]["src"])
@@ -40,9 +43,10 @@ class Translator:
         model = build_model(cfg.model, src_codec.vocab_size, tgt_codec.vocab_size,
                             cfg.tokenizer.joint)
         model.load_state_dict(state["model"])
-        return cls(model, src_codec, tgt_codec, cfg.decode, pick_device(device))
+        decode_cfg = dataclasses.replace(cfg.decode, **decode_changes)
+        return cls(model, src_codec, tgt_codec, decode_cfg, pick_device(device))
 
-    def _encode(self, sentence: str) -> list[int]:
+    def encode_source(self, sentence: str) -> list[int]:
         ids = self.src_codec.encode(normalize_text(sentence))
         limit = self.decode_cfg.max_input_tokens
         if len(ids) > limit:
@@ -73,7 +77,7 @@ class Translator:
                nbest: int = 1) -> list[list[Hypothesis]]:
         """Up to `nbest` hypotheses per sentence, best first; an empty input gives one empty
         hypothesis. Greedy search (beam 1, nbest 1) does not score: its score is nan."""
-        encoded = [self._encode(s) for s in sentences]
+        encoded = [self.encode_source(s) for s in sentences]
         results = [[Hypothesis([], 0.0)] for _ in sentences]
         for chunk in self._batches(encoded):
             src = source_tensor([encoded[i] for i in chunk], self.src_codec).to(self.device)
