@@ -41,7 +41,7 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
 # --------------------------------------------------------------------------- test sets
 
 @dataclass(frozen=True)
-class TestSet:
+class EvalSet:
     name: str                    # names the output files: "test" or the source file's stem
     sources: list[str]
     references: list[str]
@@ -57,7 +57,7 @@ def read_lines(path: Path) -> list[str]:
         raise TmtError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def file_test_set(src: Path, ref: Path) -> TestSet:
+def file_test_set(src: Path, ref: Path) -> EvalSet:
     """Line-aligned source and reference files; the references are scored as they are."""
     sources, references = read_lines(src), read_lines(ref)
     if len(sources) != len(references):
@@ -65,21 +65,21 @@ def file_test_set(src: Path, ref: Path) -> TestSet:
                        f"source and reference files must be line-aligned")
     if not sources:
         raise TmtError(f"{src} is empty: nothing to evaluate")
-    return TestSet(src.stem, sources, references)
+    return EvalSet(src.stem, sources, references)
 
 
-def run_test_set(run: RunDir) -> TestSet:
+def run_test_set(run: RunDir) -> EvalSet:
     """The run's own held-out test split (no source sentence of it was trained or validated on)."""
     test = load_test_split(run)
     if len(test) == 0:
         raise TmtError(f"{run.path} has an empty test split (data.test_size: 0); evaluate on "
                        f"files with --src FILE --ref FILE")
-    return TestSet("test", column(test, "src"), column(test, "tgt"))
+    return EvalSet("test", column(test, "src"), column(test, "tgt"))
 
 
 # --------------------------------------------------------------------------- evaluation
 
-def evaluate(translator: Translator, test: TestSet, beam_size: int,
+def evaluate(translator: Translator, test: EvalSet, beam_size: int,
              checkpoint: Path) -> tuple[list[str], dict]:
     """Translate and score `test`. Returns the hypotheses (line-aligned with the references)
     and the report: scores, signatures, decoding settings, checkpoint, time, speed."""
@@ -108,7 +108,7 @@ def evaluate(translator: Translator, test: TestSet, beam_size: int,
     return hypotheses, report
 
 
-def default_output(checkpoint: Path, test: TestSet, beam_size: int) -> Path:
+def default_output(checkpoint: Path, test: EvalSet, beam_size: int) -> Path:
     """`<run>/eval/<test set>.<checkpoint>.beam<K>.hyp` when the checkpoint lies in a run's
     checkpoints/ folder, else beside the checkpoint."""
     folder = checkpoint.parent
