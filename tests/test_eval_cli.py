@@ -219,6 +219,6 @@ def test_plot_script_draws_a_real_run(bpe_run, tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert picture.read_bytes().startswith(PNG_MAGIC)
-    plot_run = runpy.run_path(str(script), run_name="plot_run")["plot_run"]
-    plot_run(bpe_run, tmp_path / "hours.png", x="hours")
+    plot_runs = runpy.run_path(str(script), run_name="plot_run")["plot_runs"]
+    plot_runs([bpe_run, bpe_run], tmp_path / "hours.png", x="hours")
     assert (tmp_path / "hours.png").read_bytes().startswith(PNG_MAGIC)

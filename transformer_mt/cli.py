@@ -183,6 +183,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
                        "argument")
     if args.sentences and args.input:
         raise TmtError("pass sentences as arguments or --input FILE, not both")
+    if args.input and not Path(args.input).is_file():
+        raise TmtError(f"--input file not found: {args.input}")
     translator, beam = _load_translator(args, _checkpoint_path(args))
     alpha = translator.decode_cfg.length_penalty
     with _open_output(args.output) as out:
@@ -252,7 +254,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if run is None:
         raise TmtError(f"no trained run found under {args.runs_dir}/; pass --run DIR")
     info = run_info(run)
-    print(json.dumps(info, indent=2) if args.json else info.pop("text"))
+    text = info.pop("text")
+    print(json.dumps(info, indent=2) if args.json else text)
     return 0
 
 
