@@ -200,6 +200,9 @@ def test_average_last_and_best_checkpoints(bpe_run, tmp_path, tmt):
     assert code == 0 and out.strip() == str(averaged)
     state = torch.load(averaged, weights_only=True)
     assert [a["step"] for a in state["averaged_from"]] == [6, 9, 10]
+    # The tied embedding matrices are still one tensor.
+    assert (state["model"]["src_embed.embedding.weight"].data_ptr()
+            == state["model"]["projection.weight"].data_ptr())
     assert tmt("translate", "--checkpoint", str(averaged), SENTENCES[0])[0] == 0
 
     code, _, _ = tmt("average", "--run", str(bpe_run), "--best", "2", "--output",

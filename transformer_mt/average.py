@@ -32,13 +32,18 @@ def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torc
         if state.keys() != first.keys() or any(state[k].shape != first[k].shape for k in first):
             raise TmtError("the checkpoints hold differently shaped models: only checkpoints of "
                            "one run (or of runs with the same model config) can be averaged")
-    averaged = {}
+    averaged: dict[str, torch.Tensor] = {}
+    # Tied weights (one matrix under several names) stay one tensor, as in the checkpoints.
+    shared: dict[tuple, torch.Tensor] = {}
     for key, tensor in first.items():
-        if tensor.is_floating_point():
-            total = sum(state[key].to(torch.float64) for state in states)
-            averaged[key] = (total / len(states)).to(tensor.dtype)
-        else:
-            averaged[key] = tensor.clone()      # integer buffers (counters) are not averaged
+        storage = (tensor.data_ptr(), tensor.shape)
+        if storage not in shared:
+            if tensor.is_floating_point():
+                total = sum(state[key].to(torch.float64) for state in states)
+                shared[storage] = (total / len(states)).to(tensor.dtype)
+            else:
+                shared[storage] = tensor.clone()   # integer buffers (counters) are not averaged
+        averaged[key] = shared[storage]
     return averaged
 
 

@@ -18,8 +18,8 @@ from .run import RunDir
 
 
 def count_state_parameters(model_state: dict[str, torch.Tensor]) -> int:
-    """Parameters in a model state dict, tied matrices counted once (they share storage)."""
-    sizes = {t.untyped_storage().data_ptr(): t.numel() for t in model_state.values()}
+    """Parameters in a model state dict, tied matrices counted once (they share memory)."""
+    sizes = {(t.data_ptr(), t.shape): t.numel() for t in model_state.values()}
     return sum(sizes.values())
 
 
