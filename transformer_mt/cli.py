@@ -301,8 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "--input FILE or stdin, streamed")
     _add_model_options(translate)
     translate.add_argument("--nbest", type=int, default=1, metavar="N",
-                           help="print up to N distinct translations per input as 'LINE ||| "
-                           "translation ||| score' (beam search with a beam of at least N)")
+                           help="N > 1: print up to N distinct translations per input as "
+                           "'LINE ||| translation ||| score' (beam search with a beam of at "
+                           "least N)")
     translate.add_argument("--input", metavar="FILE", help="translate the lines of FILE")
     translate.add_argument("--output", metavar="FILE", help="write translations to FILE "
                            "(default: stdout)")
