@@ -3,9 +3,10 @@
     runs/<name>/
       config.yaml            resolved config of the latest start or resume
       data/{train,valid,test}/   the cleaned, split corpus (datasets on disk, with encoded ids cached)
-      tokenizers/{src,tgt}.json
-      checkpoints/last.pt, best.pt, stepNNNNNNNN.pt
+      tokenizers/{src,tgt}.json  (the same file twice for a joint BPE vocabulary)
+      checkpoints/last.pt, best.pt, stepNNNNNNNN.pt, average_*.pt (tmt average)
       tensorboard/           event files (tensorboard --logdir runs)
+      eval/                  hypotheses and JSON reports of tmt evaluate
       train.log
 
 Saving the split makes a resumed run independent of the corpus source: it continues on exactly
