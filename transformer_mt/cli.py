@@ -263,6 +263,8 @@ def cmd_average(args: argparse.Namespace) -> int:
     from .average import average_run_checkpoints, average_files
 
     setup_logging()
+    if args.files and (args.run or args.last is not None or args.best is not None):
+        raise TmtError("pass checkpoint files, or --run DIR with --last K / --best K, not both")
     if args.files:
         if not args.output:
             raise TmtError("averaging given files needs --output FILE")
