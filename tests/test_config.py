@@ -48,6 +48,10 @@ def test_unknown_key_names_section_and_closest_key():
     ({"train": {"adam_betas": [0.9]}}, r"adam_betas"),
     ({"data": {"source": "tsv"}}, r"data\.path is required"),
     ({"data": "oops"}, r"section 'data': must be a mapping"),
+    ({"tokenizer": {"type": "bpe", "max_vocab": 8000}}, r"model\.tie_embeddings: true"),
+    ({"tokenizer": {"type": "bpe"}, "model": {"tie_embeddings": True}},
+     r"tokenizer\.max_vocab is required"),
+    ({"tokenizer": {"type": "sentencepiece"}}, r"tokenizer\.type: must be one of word, bpe"),
 ])
 def test_invalid_values_name_key_and_expectation(raw, message):
     with pytest.raises(ConfigError, match=message):

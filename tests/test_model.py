@@ -125,3 +125,13 @@ def test_embeddings_are_scaled_by_sqrt_d_model():
     ids = torch.tensor([[5]])
     expected = model.src_embed.embedding.weight[5] * (32 ** 0.5)
     assert torch.allclose(model.src_embed(ids)[0, 0], expected)
+
+
+def test_joint_vocabulary_ties_source_target_and_output_embeddings():
+    cfg = dataclasses.replace(SMALL, tie_embeddings=True)
+    model = build_model(cfg, 50, 50, joint_vocab=True)
+    assert model.src_embed.embedding.weight is model.tgt_embed.embedding.weight
+    assert model.projection.weight is model.tgt_embed.embedding.weight
+    separate = build_model(cfg, 50, 50)
+    assert sum(p.numel() for p in separate.parameters()) - sum(
+        p.numel() for p in model.parameters()) == 50 * 32

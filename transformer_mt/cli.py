@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import json
 import logging
 import os
 import random
@@ -129,7 +131,8 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
     barrier()
     if not info.is_main:
         data = load_data(run)
-    model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size)
+    model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size,
+                        cfg.tokenizer.joint)
     model.to(device)
     if info.rank:
         torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
@@ -147,27 +150,40 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
 # --------------------------------------------------------------------------- translate
 
 def _checkpoint_path(args: argparse.Namespace) -> Path:
-    from .checkpoint import BEST, LAST
-    from .run import latest_run
+    from .run import find_checkpoint
 
-    if args.checkpoint:
-        return Path(args.checkpoint)
-    run_path = Path(args.run) if args.run else latest_run(Path(args.runs_dir))
-    if run_path is None:
-        raise TmtError(f"no trained run found under {args.runs_dir}/; train one first (tmt train "
-                       f"--config configs/tiny.yaml) or pass --run DIR / --checkpoint FILE")
-    for name in (BEST, LAST):
-        if (run_path / "checkpoints" / name).is_file():
-            return run_path / "checkpoints" / name
-    raise TmtError(f"{run_path} has no checkpoint (checkpoints/best.pt or last.pt); train it first")
+    return find_checkpoint(args.checkpoint, Path(args.run) if args.run else None,
+                           Path(args.runs_dir))
 
 
-def _input_lines(sentences: list[str]) -> Iterator[str]:
+def _load_translator(args: argparse.Namespace, checkpoint: Path):
+    from .translator import Translator
+
+    if (args.beam is not None and args.beam < 1) or (args.batch_tokens is not None
+                                                     and args.batch_tokens < 1):
+        raise TmtError("--beam and --batch-tokens must be at least 1")
+    changes = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
+    translator = Translator.from_checkpoint(checkpoint, args.device, **changes)
+    beam = args.beam if args.beam is not None else translator.decode_cfg.beam_size
+    return translator, beam
+
+
+def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
+    """The sentences given as arguments, else the lines of --input FILE or of stdin, read
+    lazily so that a large file is never held in memory at once."""
     if sentences:
         yield from sentences
         return
-    for line in sys.stdin:
-        yield line.rstrip("\r\n")
+    if input_file:
+        try:
+            handle = open(input_file, encoding="utf-8")
+        except OSError as exc:
+            raise TmtError(f"cannot read --input {input_file}: {exc.strerror}") from None
+    else:
+        handle = sys.stdin
+    with handle:
+        for line in handle:
+            yield line.rstrip("\r\n")
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -176,15 +192,116 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def _open_output(path: str | None):
+    if not path:
+        return contextlib.nullcontext(sys.stdout)
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise TmtError(f"cannot write --output {path}: {exc.strerror}") from None
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
-    from .translator import Translator
+    setup_logging(logging.WARNING)
+    if args.nbest < 1:
+        raise TmtError("--nbest must be at least 1")
+    if args.attention and len(args.sentences) != 1:
+        raise TmtError("--attention FILE.png draws one sentence: pass exactly one sentence "
+                       "argument")
+    if args.sentences and args.input:
+        raise TmtError("pass sentences as arguments or --input FILE, not both")
+    if args.input and not Path(args.input).is_file():
+        raise TmtError(f"--input file not found: {args.input}")
+    translator, beam = _load_translator(args, _checkpoint_path(args))
+    alpha = translator.decode_cfg.length_penalty
+    with _open_output(args.output) as out:
+        index = 0
+        for chunk in _chunks(_input_lines(args.sentences, args.input), STDIN_CHUNK):
+            if args.nbest > 1:
+                # Moses n-best format: input line number (from 0) ||| translation ||| score.
+                for hyps in translator.translate_nbest(chunk, beam, args.nbest, alpha):
+                    for text, score in hyps:
+                        print(f"{index} ||| {text} ||| {score:.4f}", file=out)
+                    index += 1
+            else:
+                for line in translator.translate(chunk, beam, alpha):
+                    print(line, file=out)
+            out.flush()
+    if args.attention:
+        from .attention_plot import cross_attention, save_attention_plot
+
+        alignment = cross_attention(translator, args.sentences[0], beam)
+        save_attention_plot(alignment, Path(args.attention))
+    return 0
+
+
+# --------------------------------------------------------------------------- evaluate
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate import default_output, evaluate, file_test_set, run_test_set, write_outputs
+    from .run import RunDir, run_of_checkpoint
 
     setup_logging(logging.WARNING)
-    translator = Translator.from_checkpoint(_checkpoint_path(args), args.device)
-    for chunk in _chunks(_input_lines(args.sentences), STDIN_CHUNK):
-        for line in translator.translate(chunk, beam_size=args.beam):
-            print(line)
-        sys.stdout.flush()
+    if bool(args.src) != bool(args.ref):
+        raise TmtError("pass both --src FILE and --ref FILE (line-aligned), or neither to "
+                       "evaluate on the run's test split")
+    checkpoint = _checkpoint_path(args)
+    if args.src:
+        test = file_test_set(Path(args.src), Path(args.ref))
+    else:
+        run = RunDir(Path(args.run)) if args.run else run_of_checkpoint(checkpoint)
+        if run is None:
+            raise TmtError(f"{checkpoint} is not inside a run directory: pass --run DIR for its "
+                           f"test split, or --src FILE --ref FILE")
+        test = run_test_set(run)
+    translator, beam = _load_translator(args, checkpoint)
+    hypotheses, report = evaluate(translator, test, beam, checkpoint)
+    hyp_path = Path(args.output) if args.output else default_output(checkpoint, test, beam)
+    json_path = write_outputs(hypotheses, report, hyp_path)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"{report['bleu_details']}\n  {report['signature']}")
+        print(f"chrF2 = {report['chrf']:.2f}\n  {report['chrf_signature']}")
+        print(f"{report['sentences']} sentences ({report['translated']} distinct sources) in "
+              f"{report['seconds']:.1f} s, {report['sentences_per_s']:.1f} sentences/s, beam "
+              f"{beam}, {checkpoint}")
+        print(f"hypotheses: {hyp_path}\nreport: {json_path}")
+    return 0
+
+
+# --------------------------------------------------------------------------- info, average
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .info import run_info
+    from .run import latest_run
+
+    setup_logging(logging.WARNING)
+    run = Path(args.run) if args.run else latest_run(Path(args.runs_dir))
+    if run is None:
+        raise TmtError(f"no trained run found under {args.runs_dir}/; pass --run DIR")
+    info = run_info(run)
+    text = info.pop("text")
+    print(json.dumps(info, indent=2) if args.json else text)
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from .average import average_run_checkpoints, average_files
+
+    setup_logging()
+    if args.files and (args.run or args.last is not None or args.best is not None):
+        raise TmtError("pass checkpoint files, or --run DIR with --last K / --best K, not both")
+    if args.files:
+        if not args.output:
+            raise TmtError("averaging given files needs --output FILE")
+        output = average_files([Path(f) for f in args.files], Path(args.output))
+    else:
+        if not args.run:
+            raise TmtError("pass --run DIR (with --last K or --best K) or checkpoint files")
+        output = average_run_checkpoints(Path(args.run), args.last, args.best,
+                                         Path(args.output) if args.output else None)
+    print(output)
     return 0
 
 
@@ -207,16 +324,69 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
     train.set_defaults(func=cmd_train)
 
-    translate = commands.add_parser("translate", help="translate sentences (arguments or stdin)")
-    translate.add_argument("sentences", nargs="*", help="sentences; none: read lines from stdin")
-    where = translate.add_mutually_exclusive_group()
-    where.add_argument("--run", help="run directory (default: the latest run under --runs-dir)")
-    where.add_argument("--checkpoint", help="checkpoint file to translate with")
-    translate.add_argument("--runs-dir", default="runs", help="where to look for the latest run")
-    translate.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy)")
-    translate.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
+    translate = commands.add_parser("translate", help="translate sentences (arguments, --input "
+                                    "FILE or stdin)")
+    translate.add_argument("sentences", nargs="*", help="sentences; none: read lines from "
+                           "--input FILE or stdin, streamed")
+    _add_model_options(translate)
+    translate.add_argument("--nbest", type=int, default=1, metavar="N",
+                           help="N > 1: print up to N distinct translations per input as "
+                           "'LINE ||| translation ||| score' (beam search with a beam of at "
+                           "least N)")
+    translate.add_argument("--input", metavar="FILE", help="translate the lines of FILE")
+    translate.add_argument("--output", metavar="FILE", help="write translations to FILE "
+                           "(default: stdout)")
+    translate.add_argument("--attention", metavar="FILE.png", help="also draw the cross-"
+                           "attention of the (single) sentence's translation to FILE.png")
     translate.set_defaults(func=cmd_translate)
+
+    evaluate = commands.add_parser("evaluate", help="BLEU and chrF (sacreBLEU) on the run's "
+                                   "test split or on --src/--ref files")
+    _add_model_options(evaluate)
+    evaluate.add_argument("--src", metavar="FILE", help="source sentences, one per line")
+    evaluate.add_argument("--ref", metavar="FILE", help="reference translations, line-aligned "
+                          "with --src")
+    evaluate.add_argument("--output", metavar="FILE", help="hypotheses file (default: "
+                          "<run>/eval/<test set>.<checkpoint>.beam<K>.hyp); the JSON report is "
+                          "written beside it with the suffix .json")
+    evaluate.add_argument("--json", action="store_true", help="print the report as one JSON "
+                          "object on stdout")
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    info = commands.add_parser("info", help="a run's config, model size, steps, best scores and "
+                               "checkpoints")
+    info.add_argument("--run", help="run directory (default: the latest run under --runs-dir)")
+    info.add_argument("--runs-dir", default="runs", help="where to look for the latest run")
+    info.add_argument("--json", action="store_true", help="print the facts as one JSON object")
+    info.set_defaults(func=cmd_info)
+
+    average = commands.add_parser("average", help="average the weights of several checkpoints "
+                                  "into one")
+    average.add_argument("files", nargs="*", help="checkpoint files to average (instead of --run)")
+    average.add_argument("--run", help="run directory whose step checkpoints to average")
+    which = average.add_mutually_exclusive_group()
+    which.add_argument("--last", type=int, metavar="K", help="the newest K step checkpoints "
+                       "(default: all kept ones)")
+    which.add_argument("--best", type=int, metavar="K", help="the K step checkpoints with the "
+                       "best validation BLEU")
+    average.add_argument("--output", metavar="FILE", help="where to write the average (default: "
+                         "<run>/checkpoints/average_last<K>.pt or average_best<K>.pt)")
+    average.set_defaults(func=cmd_average)
     return parser
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Which checkpoint to load and how to decode: shared by translate and evaluate."""
+    parser.add_argument("--run", help="run directory (default: the latest run under --runs-dir)")
+    parser.add_argument("--checkpoint", metavar="best|last|PATH", help="the run's best.pt "
+                        "(default; last.pt before the first validation), its last.pt, or a "
+                        "checkpoint file")
+    parser.add_argument("--runs-dir", default="runs", help="where to look for the latest run")
+    parser.add_argument("--beam", type=int, metavar="K", help="beam size; 1: greedy search "
+                        "(default: the run's decode.beam_size)")
+    parser.add_argument("--batch-tokens", type=int, metavar="N", help="at most N padded source "
+                        "tokens per decoding batch (default: decode.batch_tokens)")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,19 @@
-"""Corpus-level BLEU and chrF with sacreBLEU, on detokenized output against raw references."""
+"""Corpus-level BLEU and chrF with sacreBLEU, on detokenized output against raw references, and
+`tmt evaluate`: translate a test set, score it, and write the hypotheses with a JSON report."""
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import sacrebleu
+
+from .data import column
+from .errors import TmtError
+from .run import RunDir, load_test_split
+from .translator import Translator
 
 
 @dataclass(frozen=True)
@@ -13,6 +22,7 @@ class Scores:
     chrf: float
     bleu_signature: str
     chrf_signature: str
+    bleu_details: str = ""      # sacreBLEU's line: n-gram precisions, brevity penalty, lengths
 
 
 def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
@@ -24,4 +34,99 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
     chrf_score = chrf.corpus_score(hypotheses, [references])
     return Scores(bleu=bleu_score.score, chrf=chrf_score.score,
                   bleu_signature=str(bleu.get_signature()),
-                  chrf_signature=str(chrf.get_signature()))
+                  chrf_signature=str(chrf.get_signature()),
+                  bleu_details=str(bleu_score))
+
+
+# --------------------------------------------------------------------------- test sets
+
+@dataclass(frozen=True)
+class EvalSet:
+    name: str                    # names the output files: "test" or the source file's stem
+    sources: list[str]
+    references: list[str]
+
+
+def read_lines(path: Path) -> list[str]:
+    """A plain text file as its lines, without line endings (a final newline adds no line)."""
+    if not path.is_file():
+        raise TmtError(f"file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise TmtError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def file_test_set(src: Path, ref: Path) -> EvalSet:
+    """Line-aligned source and reference files; the references are scored as they are."""
+    sources, references = read_lines(src), read_lines(ref)
+    if len(sources) != len(references):
+        raise TmtError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; "
+                       f"source and reference files must be line-aligned")
+    if not sources:
+        raise TmtError(f"{src} is empty: nothing to evaluate")
+    return EvalSet(src.stem, sources, references)
+
+
+def run_test_set(run: RunDir) -> EvalSet:
+    """The run's own held-out test split (no source sentence of it was trained or validated on)."""
+    test = load_test_split(run)
+    if len(test) == 0:
+        raise TmtError(f"{run.path} has an empty test split (data.test_size: 0); evaluate on "
+                       f"files with --src FILE --ref FILE")
+    return EvalSet("test", column(test, "src"), column(test, "tgt"))
+
+
+# --------------------------------------------------------------------------- evaluation
+
+def evaluate(translator: Translator, test: EvalSet, beam_size: int,
+             checkpoint: Path) -> tuple[list[str], dict]:
+    """Translate and score `test`. Returns the hypotheses (line-aligned with the references)
+    and the report: scores, signatures, decoding settings, checkpoint, time, speed."""
+    # A source with several references (as in Tatoeba) is translated once.
+    unique = list(dict.fromkeys(test.sources))
+    decode = translator.decode_cfg
+    started = time.perf_counter()
+    translated = dict(zip(unique, translator.translate(unique, beam_size,
+                                                       decode.length_penalty)))
+    seconds = time.perf_counter() - started
+    hypotheses = [translated[s] for s in test.sources]
+    scores = corpus_scores(hypotheses, test.references)
+    report = {
+        "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
+        "signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+        "bleu_details": scores.bleu_details,
+        "sentences": len(test.sources), "translated": len(unique), "test_set": test.name,
+        "decoding": {"beam_size": beam_size, "length_penalty": decode.length_penalty,
+                     "batch_size": decode.batch_size, "batch_tokens": decode.batch_tokens,
+                     "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
+                     "device": str(translator.device)},
+        "checkpoint": str(checkpoint),
+        "seconds": round(seconds, 2),
+        "sentences_per_s": round(len(unique) / max(seconds, 1e-9), 2),
+    }
+    return hypotheses, report
+
+
+def default_output(checkpoint: Path, test: EvalSet, beam_size: int) -> Path:
+    """`<run>/eval/<test set>.<checkpoint>.beam<K>.hyp` when the checkpoint lies in a run's
+    checkpoints/ folder, else beside the checkpoint."""
+    folder = checkpoint.parent
+    if folder.name == "checkpoints":
+        folder = folder.parent / "eval"
+    return folder / f"{test.name}.{checkpoint.stem}.beam{beam_size}.hyp"
+
+
+def write_outputs(hypotheses: list[str], report: dict, hyp_path: Path) -> Path:
+    """Write the hypotheses (one per line) and the report as JSON beside them; returns the
+    report's path. The report records where the hypotheses are."""
+    try:
+        hyp_path.parent.mkdir(parents=True, exist_ok=True)
+        hyp_path.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        report["hypotheses"] = str(hyp_path)
+        json_path = hyp_path.with_suffix(".json")
+        json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise TmtError(f"could not write {hyp_path}: {exc.strerror or exc}; choose another "
+                       f"place with --output FILE") from None
+    return json_path

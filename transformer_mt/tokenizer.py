@@ -1,8 +1,11 @@
-"""Word-level tokenizers built with Hugging Face `tokenizers`, with lossless detokenization.
+"""Word-level and BPE tokenizers built with Hugging Face `tokenizers`, with lossless
+detokenization.
 
 Words are split on spaces and punctuation. Each word that followed a space carries the marker
 `▁` (as in SentencePiece), so decoding knows where the spaces were: `decode(encode(s)) == s` for
 any whitespace-normalised text whose words are all in the vocabulary (`l'uomo`, `"quoted"`, 3.5).
+BPE splits those same words further into subwords; its pieces are joined back without spaces, so
+the round trip holds for any text whose characters were seen in training.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
 SPACE_MARKER = "▁"
 
 
-def _word_level_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
+    """Split on spaces (marking them with ▁) and punctuation; decode by joining the pieces and
+    turning each ▁ back into a space."""
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always", split=True),
         pre_tokenizers.Punctuation("isolated"),
@@ -32,13 +36,19 @@ def _word_level_tokenizer(vocab: dict[str, int] | None = None) -> Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
-    """Train a word-level tokenizer whose ids 0..3 are [UNK] [PAD] [SOS] [EOS]."""
-    tokenizer = _word_level_tokenizer()
+    """Train a word-level or BPE tokenizer (`cfg.type`) whose ids 0..3 are [UNK] [PAD] [SOS]
+    [EOS]. For a joint BPE vocabulary, pass the sentences of both languages."""
     options = {"special_tokens": SPECIAL_TOKENS, "min_frequency": cfg.min_frequency,
                "show_progress": False}
     if cfg.max_vocab is not None:
         options["vocab_size"] = cfg.max_vocab
-    tokenizer.train_from_iterator(sentences, trainers.WordLevelTrainer(**options))
+    if cfg.type == "bpe":
+        tokenizer = _with_word_splitting(Tokenizer(models.BPE(unk_token=UNK)))
+        trainer = trainers.BpeTrainer(**options)
+    else:
+        tokenizer = _with_word_splitting(Tokenizer(models.WordLevel(unk_token=UNK)))
+        trainer = trainers.WordLevelTrainer(**options)
+    tokenizer.train_from_iterator(sentences, trainer)
     return tokenizer
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from .attention_plot import attention_figure, cross_attention
 from .batching import Batch, Collator, TokenBatchSampler, make_loader
 from .checkpoint import atomic_save, human_size, rng_state, rotate, set_rng_state, \
     step_checkpoint_name
@@ -247,6 +248,10 @@ class Trainer:
             text = "\n\n".join(f"**src** {s}  \n**ref** {r}  \n**hyp** {h}"
                                for s, r, h in metrics["samples"])
             self.writer.add_text("valid/samples", text, self.step)
+            for i, (source, _, _) in enumerate(metrics["samples"]):
+                alignment = cross_attention(self.translator, source, self.cfg.decode.beam_size)
+                self.writer.add_figure(f"valid/attention/{i}", attention_figure(alignment),
+                                       self.step)
 
     def _validate_and_checkpoint(self) -> None:
         """Rank 0 validates; every rank receives its BLEU, so all make the same best/stop
@@ -291,7 +296,8 @@ class Trainer:
         t = self.cfg.train
         total = self.total_steps()
         if self.dist.is_main:
-            self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.step or None)
+            # Events after the checkpoint are replayed by this run: drop the stale ones.
+            self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.step + 1)
         bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                    mininterval=1.0, disable=not self.dist.is_main)
         window_loss = window_tokens = window_seconds = 0.0

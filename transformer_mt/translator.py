@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 
@@ -13,7 +16,7 @@ from .config import Config, DecodeConfig, config_from_dict
 from .data import normalize_text
 from .device import pick_device
 from .model import Transformer, build_model
-from .search import SearchLimits, beam_search, greedy_search
+from .search import Hypothesis, SearchLimits, beam_search, greedy_search
 from .tokenizer import TextCodec
 
 log = logging.getLogger(__name__)
@@ -30,16 +33,20 @@ class Translator:
                                    decode_cfg.max_len_b)
 
     @classmethod
-    def from_checkpoint(cls, path: Path, device: str = "auto") -> "Translator":
+    def from_checkpoint(cls, path: Path, device: str = "auto", **decode_changes: Any
+                        ) -> "Translator":
+        """`decode_changes` override the run's decode settings, e.g. batch_tokens=2000."""
         state = load_checkpoint(path)
         cfg: Config = config_from_dict(state["config"], str(path))
         src_codec = TextCodec.from_str(state["tokenizers"]["src"])
         tgt_codec = TextCodec.from_str(state["tokenizers"]["tgt"])
-        model = build_model(cfg.model, src_codec.vocab_size, tgt_codec.vocab_size)
+        model = build_model(cfg.model, src_codec.vocab_size, tgt_codec.vocab_size,
+                            cfg.tokenizer.joint)
         model.load_state_dict(state["model"])
-        return cls(model, src_codec, tgt_codec, cfg.decode, pick_device(device))
+        decode_cfg = dataclasses.replace(cfg.decode, **decode_changes)
+        return cls(model, src_codec, tgt_codec, decode_cfg, pick_device(device))
 
-    def _encode(self, sentence: str) -> list[int]:
+    def encode_source(self, sentence: str) -> list[int]:
         ids = self.src_codec.encode(normalize_text(sentence))
         limit = self.decode_cfg.max_input_tokens
         if len(ids) > limit:
@@ -48,28 +55,64 @@ class Translator:
             ids = ids[:limit]
         return ids
 
-    def translate_ids(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6,
-                      nbest: int = 1) -> list[list[list[int]]]:
-        """Up to `nbest` token-id outputs per sentence. Empty input gives one empty output."""
-        encoded = [self._encode(s) for s in sentences]
-        results: list[list[list[int]]] = [[[]] for _ in sentences]
-        # Sort by length so that each batch pads little; outputs go back to input order.
+    def _batches(self, encoded: list[list[int]]) -> Iterator[list[int]]:
+        """Indices of the non-empty inputs, sorted by length so that each batch pads little, in
+        batches of at most decode.batch_size sentences and decode.batch_tokens padded source
+        tokens ([SOS] and [EOS] included)."""
         order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
-        size = self.decode_cfg.batch_size
-        for start in range(0, len(order), size):
-            chunk = order[start:start + size]
+        size, budget = self.decode_cfg.batch_size, self.decode_cfg.batch_tokens
+        batch: list[int] = []
+        for i in order:
+            # Sorted order: the newest sentence is the longest, so it sets the padded width.
+            width = len(encoded[i]) + 2
+            over_budget = budget is not None and (len(batch) + 1) * width > budget
+            if batch and (len(batch) == size or over_budget):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def search(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6,
+               nbest: int = 1) -> list[list[Hypothesis]]:
+        """Up to `nbest` hypotheses per sentence, best first; an empty input gives one empty
+        hypothesis. Greedy search (beam 1, nbest 1) does not score: its score is nan."""
+        encoded = [self.encode_source(s) for s in sentences]
+        results = [[Hypothesis([], 0.0)] for _ in sentences]
+        for chunk in self._batches(encoded):
             src = source_tensor([encoded[i] for i in chunk], self.src_codec).to(self.device)
             mask = src_pad_mask(src, self.src_codec.pad_id)
             if beam_size == 1 and nbest == 1:
-                outputs = [[ids] for ids in greedy_search(self.model, src, mask, self.limits)]
+                outputs = [[Hypothesis(ids, math.nan)]
+                           for ids in greedy_search(self.model, src, mask, self.limits)]
             else:
-                hyps = beam_search(self.model, src, mask, self.limits, beam_size, alpha, nbest)
-                outputs = [[h.tokens for h in sentence] for sentence in hyps]
+                outputs = beam_search(self.model, src, mask, self.limits, beam_size, alpha, nbest)
             for i, out in zip(chunk, outputs):
                 results[i] = out
         return results
+
+    def translate_ids(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6,
+                      nbest: int = 1) -> list[list[list[int]]]:
+        """Up to `nbest` token-id outputs per sentence. Empty input gives one empty output."""
+        return [[h.tokens for h in hyps]
+                for hyps in self.search(sentences, beam_size, alpha, nbest)]
 
     def translate(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6
                   ) -> list[str]:
         return [self.tgt_codec.decode(outputs[0])
                 for outputs in self.translate_ids(sentences, beam_size, alpha)]
+
+    def translate_nbest(self, sentences: list[str], beam_size: int, nbest: int,
+                        alpha: float = 0.6) -> list[list[tuple[str, float]]]:
+        """Up to `nbest` distinct translations per sentence with their length-normalised
+        log-probabilities, best first. Hypotheses that detokenize to the same text (e.g. two
+        different subword segmentations) are listed once, with the better score."""
+        beam_size = max(beam_size, nbest)
+        results = []
+        # All finished beams are asked for, so that duplicates can be replaced by the next ones.
+        for hyps in self.search(sentences, beam_size, alpha, nbest=beam_size):
+            distinct: dict[str, float] = {}
+            for h in hyps:
+                distinct.setdefault(self.tgt_codec.decode(h.tokens), h.score)
+            results.append(list(distinct.items())[:nbest])
+        return results

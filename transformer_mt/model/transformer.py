@@ -11,7 +11,8 @@ from .layers import Decoder, Encoder
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int):
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                 joint_vocab: bool = False):
         super().__init__()
         self.cfg = cfg
         block_args = dict(heads=cfg.heads, d_ff=cfg.d_ff, dropout=cfg.dropout,
@@ -26,6 +27,12 @@ class Transformer(nn.Module):
         self._init_parameters()
         if cfg.tie_embeddings:
             self.projection.weight = self.tgt_embed.embedding.weight
+            if joint_vocab:
+                # Both languages share one vocabulary: one matrix embeds and predicts every token.
+                if src_vocab_size != tgt_vocab_size:
+                    raise ValueError(f"a joint vocabulary needs equal sizes, got "
+                                     f"{src_vocab_size} and {tgt_vocab_size}")
+                self.src_embed.embedding.weight = self.tgt_embed.embedding.weight
 
     def _init_parameters(self) -> None:
         for p in self.parameters():
@@ -55,8 +62,11 @@ class Transformer(nn.Module):
         return [{} for _ in self.decoder.blocks]
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
-    return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
+                joint_vocab: bool = False) -> Transformer:
+    """`joint_vocab`: source and target share one tokenizer (tokenizer.type bpe); with
+    cfg.tie_embeddings the source embedding is then tied too."""
+    return Transformer(cfg, src_vocab_size, tgt_vocab_size, joint_vocab)
 
 
 def count_parameters(model: nn.Module) -> int:

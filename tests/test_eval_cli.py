@@ -1,0 +1,227 @@
+"""End to end through the `tmt` command line on one tiny BPE run: evaluate, translate with beam,
+n-best and attention, info, average, and the plot script.
+
+The run is trained by the real command in a subprocess; the commands under test then go through
+`cli.main` in this process (same parsing and wiring, without a fresh interpreter and torch import
+for each of them), except where the exit code and stderr of a real process are the point."""
+
+import json
+import runpy
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+import torch
+from datasets import load_from_disk
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from transformer_mt.cli import main
+from transformer_mt.config import config_from_dict
+from transformer_mt.model import build_model, count_parameters
+from transformer_mt.search import Hypothesis
+from transformer_mt.translator import Translator
+
+from conftest import ROOT, run_tmt, tiny_config_text
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SENTENCES = ["I love reading books.", "Where is the station?", "Tom is my friend."]
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory, corpus_tsv):
+    """Ten steps of a tiny model with a joint BPE vocabulary; step checkpoints 3, 5, 6, 9, 10
+    kept, validations (with BLEU) at steps 5 and 10."""
+    folder = tmp_path_factory.mktemp("bpe_run")
+    config = folder / "bpe.yaml"
+    text = tiny_config_text(corpus_tsv, max_steps=10, keep_last=5)
+    text = text.replace("tokenizer:\n", "tokenizer:\n  type: bpe\n  max_vocab: 600\n")
+    config.write_text(text.replace("  d_ff: 64\n", "  d_ff: 64\n  tie_embeddings: true\n"))
+    run_dir = folder / "run"
+    result = run_tmt("train", "--config", str(config), "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+@pytest.fixture
+def tmt(capsys):
+    """Run `tmt ARGS` in this process; returns (exit code, stdout, stderr)."""
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
+def _error_line(result):
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_bpe_run_shares_one_vocabulary_and_one_embedding(bpe_run):
+    tokenizers = bpe_run / "tokenizers"
+    assert (tokenizers / "src.json").read_text() == (tokenizers / "tgt.json").read_text()
+    state = torch.load(bpe_run / "checkpoints" / "last.pt", weights_only=True)
+    model = state["model"]
+    assert torch.equal(model["src_embed.embedding.weight"], model["tgt_embed.embedding.weight"])
+    assert torch.equal(model["projection.weight"], model["tgt_embed.embedding.weight"])
+
+
+def test_evaluate_on_the_test_split_agrees_with_sacrebleu(bpe_run, tmt):
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--json")
+    assert code == 0
+    report = json.loads(out)
+    for key in ("bleu", "chrf", "signature", "sentences", "checkpoint", "seconds",
+                "sentences_per_s", "decoding"):
+        assert key in report, key
+    hypotheses = (bpe_run / "eval" / "test.best.beam1.hyp").read_text().splitlines()
+    assert json.loads((bpe_run / "eval" / "test.best.beam1.json").read_text()) == report
+    references = load_from_disk(str(bpe_run / "data" / "test"))["tgt"]
+    assert len(hypotheses) == len(references) == report["sentences"]
+    expected = sacrebleu.corpus_bleu(hypotheses, [list(references)]).score
+    assert report["bleu"] == pytest.approx(expected, abs=0.01)
+
+
+def test_evaluate_files_with_beam_and_batch_tokens(bpe_run, tmp_path, tmt):
+    src, ref = tmp_path / "t.en", tmp_path / "t.it"
+    src.write_text("\n".join(SENTENCES) + "\n")
+    ref.write_text("Amo leggere libri.\nDov'è la stazione?\nTom è mio amico.\n")
+    hyp = tmp_path / "hyp" / "t.it.hyp"
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--checkpoint", "last", "--src",
+                       str(src), "--ref", str(ref), "--beam", "3", "--batch-tokens", "16",
+                       "--output", str(hyp))
+    assert code == 0
+    assert "BLEU" in out and "nrefs:1" in out
+    report = json.loads(hyp.with_suffix(".json").read_text())
+    assert report["decoding"]["beam_size"] == 3 and report["decoding"]["batch_tokens"] == 16
+    assert report["checkpoint"].endswith("last.pt") and report["sentences"] == 3
+    assert len(hyp.read_text().splitlines()) == 3
+
+    ref.write_text("Amo leggere libri.\n")
+    mismatched = run_tmt("evaluate", "--run", str(bpe_run), "--src", str(src), "--ref", str(ref))
+    assert "3 lines but" in _error_line(mismatched)
+
+
+def test_translate_beam_nbest_files_and_checkpoint_names(bpe_run, tmp_path, tmt):
+    source = tmp_path / "in.en"
+    source.write_text("\n".join(SENTENCES) + "\n")
+    output = tmp_path / "out.it"
+    code, out, _ = tmt("translate", "--run", str(bpe_run), "--checkpoint", "last", "--beam", "4",
+                       "--input", str(source), "--output", str(output))
+    assert code == 0 and out == "" and len(output.read_text().splitlines()) == 3
+
+    code, out, _ = tmt("translate", "--run", str(bpe_run), "--nbest", "3", *SENTENCES[:2])
+    assert code == 0
+    rows = [line.split(" ||| ") for line in out.splitlines()]
+    assert {int(r[0]) for r in rows} == {0, 1} and all(len(r) == 3 for r in rows)
+    for index in (0, 1):
+        texts = [r[1] for r in rows if int(r[0]) == index]
+        scores = [float(r[2]) for r in rows if int(r[0]) == index]
+        assert 1 <= len(texts) <= 3 and len(set(texts)) == len(texts)
+        assert scores == sorted(scores, reverse=True)
+
+    code, out, _ = tmt("translate", "--checkpoint", "best", "--runs-dir", str(bpe_run.parent),
+                       SENTENCES[0])
+    assert code == 0 and out.count("\n") == 1
+
+
+def test_nbest_lists_each_distinct_text_once(bpe_run, monkeypatch):
+    translator = Translator.from_checkpoint(bpe_run / "checkpoints" / "last.pt", "cpu")
+    word = translator.tgt_codec.encode("amico")
+    pad = translator.tgt_codec.pad_id
+    # Two token sequences that detokenize to the same text, and one other text.
+    monkeypatch.setattr(translator, "search", lambda *args, **kwargs: [[
+        Hypothesis(word, -1.0), Hypothesis(word + [pad], -2.0), Hypothesis([], -3.0)]])
+    assert translator.translate_nbest(["x"], beam_size=1, nbest=5) == [
+        [("amico", -1.0), ("", -3.0)]]
+
+
+def test_batch_token_budget_changes_batches_not_translations(bpe_run):
+    path = bpe_run / "checkpoints" / "last.pt"
+    default = Translator.from_checkpoint(path, "cpu")
+    small = Translator.from_checkpoint(path, "cpu", batch_tokens=12)
+    encoded = [small.encode_source(s) for s in SENTENCES]
+    for batch in small._batches(encoded):
+        longest = max(len(encoded[i]) for i in batch) + 2
+        assert len(batch) == 1 or len(batch) * longest <= 12
+    assert small.translate(SENTENCES) == default.translate(SENTENCES)
+
+
+def test_attention_plot_and_tensorboard_images(bpe_run, tmp_path, tmt):
+    picture = tmp_path / "attention.png"
+    code, out, _ = tmt("translate", "--run", str(bpe_run), "--attention", str(picture),
+                       SENTENCES[0])
+    assert code == 0 and out.count("\n") == 1
+    assert picture.read_bytes().startswith(PNG_MAGIC)
+    code, _, err = tmt("translate", "--run", str(bpe_run), "--attention", str(picture),
+                       *SENTENCES)
+    assert code != 0 and "exactly one sentence" in err
+
+    image_tags = set()
+    for events in (bpe_run / "tensorboard").glob("events.out.tfevents.*"):
+        for event in EventFileLoader(str(events)).Load():
+            image_tags |= {v.tag for v in event.summary.value
+                           if v.metadata.plugin_data.plugin_name == "images"}
+    assert {"valid/attention/0", "valid/attention/4"} <= image_tags
+
+
+def test_attention_weights_cover_source_and_output(bpe_run):
+    from transformer_mt.attention_plot import cross_attention
+
+    translator = Translator.from_checkpoint(bpe_run / "checkpoints" / "last.pt", "cpu")
+    alignment = cross_attention(translator, SENTENCES[1])
+    output = translator.translate_ids([SENTENCES[1]])[0][0]
+    source = translator.encode_source(SENTENCES[1])
+    assert alignment.weights.shape == (len(output) + 1, len(source) + 2)
+    assert alignment.tgt_tokens[-1] == "[EOS]" and alignment.src_tokens[0] == "[SOS]"
+    assert alignment.weights.sum(axis=1) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_info_reports_the_run(bpe_run, tmt):
+    code, out, _ = tmt("info", "--run", str(bpe_run), "--json")
+    assert code == 0
+    info = json.loads(out)
+    state = torch.load(bpe_run / "checkpoints" / "last.pt", weights_only=True)
+    cfg = config_from_dict(state["config"])
+    model = build_model(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"], joint_vocab=True)
+    assert info["model"]["parameters"] == count_parameters(model)
+    assert info["model"]["tokenizer"] == "bpe" and info["training"]["step"] == 10
+    assert info["best_validation"]["step"] in (5, 10)
+    assert info["best_validation"]["validations"] == 2
+    files = {c["file"]: c for c in info["checkpoints"]}
+    assert files["step00000010.pt"]["same_file_as"] == "last.pt"
+    code, out, _ = tmt("info", "--run", str(bpe_run))
+    assert "parameters" in out and "best validation: BLEU" in out
+
+
+def test_average_last_and_best_checkpoints(bpe_run, tmp_path, tmt):
+    code, out, _ = tmt("average", "--run", str(bpe_run), "--last", "3")
+    averaged = bpe_run / "checkpoints" / "average_last3.pt"
+    assert code == 0 and out.strip() == str(averaged)
+    state = torch.load(averaged, weights_only=True)
+    assert [a["step"] for a in state["averaged_from"]] == [6, 9, 10]
+    # The tied embedding matrices are still one tensor.
+    assert (state["model"]["src_embed.embedding.weight"].data_ptr()
+            == state["model"]["projection.weight"].data_ptr())
+    assert tmt("translate", "--checkpoint", str(averaged), SENTENCES[0])[0] == 0
+
+    code, _, _ = tmt("average", "--run", str(bpe_run), "--best", "2", "--output",
+                     str(tmp_path / "best2.pt"))
+    assert code == 0
+    steps = [a["step"] for a in torch.load(tmp_path / "best2.pt",
+                                           weights_only=True)["averaged_from"]]
+    assert steps == [5, 10]             # the only kept checkpoints written at a validation
+    code, _, err = tmt("average", "--run", str(bpe_run), "--best", "3")
+    assert code != 0 and "only 2 of the 5" in err
+
+
+def test_plot_script_draws_a_real_run(bpe_run, tmp_path):
+    script = ROOT / "scripts" / "plot_run.py"
+    picture = tmp_path / "curves.png"
+    result = subprocess.run([sys.executable, str(script), str(bpe_run), str(picture)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert picture.read_bytes().startswith(PNG_MAGIC)
+    plot_runs = runpy.run_path(str(script), run_name="plot_run")["plot_runs"]
+    plot_runs([bpe_run, bpe_run], tmp_path / "hours.png", x="hours")
+    assert (tmp_path / "hours.png").read_bytes().startswith(PNG_MAGIC)
