@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
+from .dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -22,7 +23,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear_1 = nn.Linear(d_model, d_ff)
         self.linear_2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_2(self.dropout(torch.relu(self.linear_1(x))))
@@ -34,7 +35,7 @@ class ResidualConnection(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm: str):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = norm == "pre"
 
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
