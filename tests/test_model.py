@@ -7,6 +7,7 @@ from transformer_mt.batching import src_pad_mask, tgt_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
 from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.dropout import Dropout
 from transformer_mt.model.embeddings import PositionalEncoding
 
 PAD = 1
@@ -125,3 +126,15 @@ def test_embeddings_are_scaled_by_sqrt_d_model():
     ids = torch.tensor([[5]])
     expected = model.src_embed.embedding.weight[5] * (32 ** 0.5)
     assert torch.allclose(model.src_embed(ids)[0, 0], expected)
+
+
+def test_dropout_drops_at_rate_p_keeps_the_mean_and_follows_the_seed():
+    dropout = Dropout(0.1).train()
+    x = torch.ones(1000, 257)                 # not a multiple of the 4 draws per random word
+    torch.manual_seed(3)
+    out = dropout(x)
+    assert abs((out == 0).float().mean().item() - 0.1) < 0.005
+    assert abs(out.mean().item() - 1.0) < 0.01
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x), out)
+    assert torch.equal(dropout.eval()(x), x)
