@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -22,6 +21,7 @@ from .checkpoint import atomic_save, human_size, rng_state, rotate, set_rng_stat
 from .config import Config
 from .device import autocast
 from .evaluate import corpus_scores
+from .loss import projected_label_smoothed_loss
 from .model import Transformer
 from .run import RunData, RunDir
 from .translator import Translator
@@ -38,11 +38,14 @@ def noam_factor(step: int, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step))
 
 
-def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
-                        smoothing: float) -> torch.Tensor:
-    """Summed cross-entropy over real target tokens; padding positions contribute nothing."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
-                           ignore_index=pad_id, label_smoothing=smoothing, reduction="sum")
+def label_smoothed_loss(hidden: torch.Tensor, labels: torch.Tensor, projection: torch.nn.Linear,
+                        pad_id: int, smoothing: float) -> torch.Tensor:
+    """Summed cross-entropy over real target tokens of the decoder states `hidden` (B, T, d).
+    Only real positions are projected to the vocabulary, so padding costs nothing; projection
+    and loss are fused (transformer_mt.loss) so the logits are never held whole."""
+    real = labels != pad_id
+    return projected_label_smoothed_loss(hidden[real], projection.weight, projection.bias,
+                                         labels[real], smoothing)
 
 
 class StopRequest:
@@ -146,9 +149,10 @@ class Trainer:
 
     def _forward_loss(self, batch: Batch) -> torch.Tensor:
         with autocast(self.device):
-            logits = self.model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
-        return label_smoothed_loss(logits, batch.tgt_out, self.pad_id,
-                                   self.cfg.train.label_smoothing)
+            hidden = self.model.decoder_states(batch.src, batch.tgt_in, batch.src_mask,
+                                               batch.tgt_mask)
+            return label_smoothed_loss(hidden, batch.tgt_out, self.model.projection, self.pad_id,
+                                       self.cfg.train.label_smoothing)
 
     def train_step(self, batches: list[Batch]) -> tuple[float, float, int]:
         """One optimizer step over `batches` (gradient accumulation); the loss is averaged over

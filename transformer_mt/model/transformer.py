@@ -46,10 +46,14 @@ class Transformer(nn.Module):
         """Logits over the target vocabulary."""
         return self.projection(x)
 
+    def decoder_states(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
+                       tgt_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_model): the decoder's output, before the projection (teacher forcing)."""
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor) -> torch.Tensor:
-        memory = self.encode(src, src_mask)
-        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+        return self.project(self.decoder_states(src, tgt, src_mask, tgt_mask))
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.decoder.blocks]
