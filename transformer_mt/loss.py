@@ -36,15 +36,15 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         for start in range(0, hidden.size(0), CHUNK_TOKENS):
             h = hidden[start:start + CHUNK_TOKENS]
             y = labels[start:start + CHUNK_TOKENS, None]
-            logits = (h @ weight_t if bias is None else torch.addmm(bias, h, weight_t)).float()
-            log_z = logits.logsumexp(dim=1, keepdim=True)
-            # -log p(y), smoothed: (1-ε)(log Z - z_y) + ε(log Z - mean_v z_v)
-            total += (log_z.sum() - (1 - smoothing) * logits.gather(1, y).sum()
-                      - smoothing / vocab * logits.sum())
+            logits = h @ weight_t if bias is None else torch.addmm(bias, h, weight_t)
+            log_probs = logits.float().log_softmax(dim=1)
+            # Smoothed -log p(y): (1-ε)·(-log p_y) + ε·mean_v(-log p_v)
+            total -= ((1 - smoothing) * log_probs.gather(1, y).sum()
+                      + smoothing / vocab * log_probs.sum())
             if not need_grads:
                 continue
-            # d loss / d z = softmax(z) - (1-ε)·onehot(y) - ε/V, computed in place of the logits.
-            grad = logits.sub_(log_z).exp_().sub_(smoothing / vocab)
+            # d loss / d logits = softmax - (1-ε)·onehot(y) - ε/V, in place of the log-probs.
+            grad = log_probs.exp_().sub_(smoothing / vocab)
             grad.scatter_add_(1, y, grad.new_full(y.shape, -(1 - smoothing)))
             if grad_bias is not None:
                 grad_bias += grad.sum(dim=0)
