@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import TmtError
+from .openmp import configure_openmp
 
 log = logging.getLogger("transformer_mt")
 
@@ -193,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_openmp()              # before the commands import torch
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
