@@ -7,7 +7,7 @@ from transformer_mt.batching import src_pad_mask, tgt_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
 from transformer_mt.model.attention import MultiHeadAttention
-from transformer_mt.model.dropout import Dropout
+from transformer_mt.model.dropout import Dropout, ReluDropout
 from transformer_mt.model.embeddings import PositionalEncoding
 
 PAD = 1
@@ -138,3 +138,17 @@ def test_dropout_drops_at_rate_p_keeps_the_mean_and_follows_the_seed():
     torch.manual_seed(3)
     assert torch.equal(dropout(x), out)
     assert torch.equal(dropout.eval()(x), x)
+
+
+@pytest.mark.parametrize("fused", [Dropout, ReluDropout])
+def test_cpu_dropout_gradient_flows_exactly_through_the_kept_elements(fused):
+    torch.manual_seed(0)
+    x = torch.randn(64, 33, requires_grad=True)
+    out = fused(0.25).train()(x)
+    kept = out != 0
+    reference = torch.relu(x) if fused is ReluDropout else x
+    scale = out[kept] / reference[kept]
+    assert torch.allclose(scale, torch.full_like(scale, 1 / 0.75), rtol=1e-4)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert torch.allclose(x.grad, torch.where(kept, grad * scale.mean(), 0.0))
