@@ -79,3 +79,19 @@ def test_tgt_mask_hides_future_and_padding():
     mask = tgt_mask(tgt, pad_id=1)[0, 0]
     assert not mask.triu(1).any()
     assert not mask[:, 3].any()
+
+
+def test_pairs_are_grouped_by_both_sides_lengths():
+    rng = np.random.default_rng(0)
+    src, tgt = rng.integers(3, 30, 20000), rng.integers(3, 30, 20000)
+    pairs = EncodedPairs.__new__(EncodedPairs)
+    pairs.src = [[5] * (n - 2) for n in src]
+    pairs.tgt = [[5] * (n - 1) for n in tgt]
+    sampler = TokenBatchSampler(pairs.lengths(), 4096, seed=0)
+    longer_side_only = TokenBatchSampler(pairs.lengths().max(axis=1), 4096, seed=0)
+    assert pairs.lengths().tolist()[:2] == [[src[0], tgt[0]], [src[1], tgt[1]]]
+    assert (sampler.padding_efficiency(pairs)
+            > longer_side_only.padding_efficiency(pairs) + 0.05)
+    assert sorted(i for batch in sampler for i in batch) == list(range(len(src)))
+    for batch in sampler:
+        assert len(batch) * np.maximum(src, tgt)[batch].max() <= 4096

@@ -7,6 +7,7 @@ from transformer_mt.batching import src_pad_mask, tgt_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
 from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.dropout import Dropout, ReluDropout
 from transformer_mt.model.embeddings import PositionalEncoding
 
 PAD = 1
@@ -135,3 +136,29 @@ def test_joint_vocabulary_ties_source_target_and_output_embeddings():
     separate = build_model(cfg, 50, 50)
     assert sum(p.numel() for p in separate.parameters()) - sum(
         p.numel() for p in model.parameters()) == 50 * 32
+
+
+def test_dropout_drops_at_rate_p_keeps_the_mean_and_follows_the_seed():
+    dropout = Dropout(0.1).train()
+    x = torch.ones(1000, 257)                 # not a multiple of the 4 draws per random word
+    torch.manual_seed(3)
+    out = dropout(x)
+    assert abs((out == 0).float().mean().item() - 0.1) < 0.005
+    assert abs(out.mean().item() - 1.0) < 0.01
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x), out)
+    assert torch.equal(dropout.eval()(x), x)
+
+
+@pytest.mark.parametrize("fused", [Dropout, ReluDropout])
+def test_cpu_dropout_gradient_flows_exactly_through_the_kept_elements(fused):
+    torch.manual_seed(0)
+    x = torch.randn(64, 33, requires_grad=True)
+    out = fused(0.25).train()(x)
+    kept = out != 0
+    reference = torch.relu(x) if fused is ReluDropout else x
+    scale = out[kept] / reference[kept]
+    assert torch.allclose(scale, torch.full_like(scale, 1 / 0.75), rtol=1e-4)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert torch.allclose(x.grad, torch.where(kept, grad * scale.mean(), 0.0))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import TmtError
+from .openmp import configure_openmp
 
 log = logging.getLogger("transformer_mt")
 
@@ -390,6 +391,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    configure_openmp()              # before the commands import torch
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

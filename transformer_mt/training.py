@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -27,6 +26,7 @@ from .distributed import DistInfo, any_rank, broadcast_from_main, gather_to_main
     sum_across_ranks
 from .errors import TmtError
 from .evaluate import corpus_scores
+from .loss import projected_label_smoothed_loss
 from .model import Transformer
 from .run import RunData, RunDir
 from .stopping import StopRequest
@@ -44,11 +44,14 @@ def noam_factor(step: int, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step))
 
 
-def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, pad_id: int,
-                        smoothing: float) -> torch.Tensor:
-    """Summed cross-entropy over real target tokens; padding positions contribute nothing."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
-                           ignore_index=pad_id, label_smoothing=smoothing, reduction="sum")
+def label_smoothed_loss(hidden: torch.Tensor, labels: torch.Tensor, projection: torch.nn.Linear,
+                        pad_id: int, smoothing: float) -> torch.Tensor:
+    """Summed cross-entropy over real target tokens of the decoder states `hidden` (B, T, d).
+    Only real positions are projected to the vocabulary, so padding costs nothing; projection
+    and loss are fused (transformer_mt.loss) so the logits are never held whole."""
+    real = labels != pad_id
+    return projected_label_smoothed_loss(hidden[real], projection.weight, projection.bias,
+                                         labels[real], smoothing)
 
 
 class Trainer:
@@ -63,8 +66,10 @@ class Trainer:
         if dist_info.enabled:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
+        # fused: one kernel per step instead of ~10 passes over every parameter; on a CPU the
+        # unfused Adam step took as long as the forward and backward passes together.
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
-                                          eps=t.adam_eps, weight_decay=t.weight_decay)
+                                          eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: noam_factor(step + 1, t.warmup_steps))
         self.sampler = TokenBatchSampler(data.train.lengths(), t.batch_tokens, t.seed,
@@ -105,6 +110,10 @@ class Trainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+        # Checkpoints from before fused Adam say fused=None: load them fused too (which also
+        # moves their step counters to the parameters' device, as the fused kernel needs).
+        for group in state["optimizer"]["param_groups"]:
+            group["fused"] = True
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         # Safe changes on resume (a new peak lr or warm-up) take effect from here on.
@@ -164,10 +173,12 @@ class Trainer:
 
     def _forward_loss(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
         with autocast(self.device):
-            logits = (model or self.model)(batch.src, batch.tgt_in, batch.src_mask,
-                                           batch.tgt_mask)
-        return label_smoothed_loss(logits, batch.tgt_out, self.pad_id,
-                                   self.cfg.train.label_smoothing)
+            # Through forward() (not decoder_states) so that DDP sees the call; the projection
+            # happens inside the fused loss, on real target positions only.
+            hidden = (model or self.model)(batch.src, batch.tgt_in, batch.src_mask,
+                                           batch.tgt_mask, project_to_vocab=False)
+            return label_smoothed_loss(hidden, batch.tgt_out, self.model.projection, self.pad_id,
+                                       self.cfg.train.label_smoothing)
 
     def train_step(self, batches: list[Batch]) -> tuple[float, float, int]:
         """One optimizer step over `batches` (gradient accumulation); the loss is averaged over

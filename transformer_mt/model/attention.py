@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dropout import Dropout
+
 
 def explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       mask: torch.Tensor | None, dropout: nn.Dropout | None = None
+                       mask: torch.Tensor | None, dropout: Dropout | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(QKᵀ/√d_k)V as the paper writes it; also returns the attention weights."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
@@ -33,7 +35,7 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, d_model)
         self.w_o = nn.Linear(d_model, d_model)
         self.dropout_p = dropout
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.implementation = implementation
         self.keep_weights = False      # set to record attention weights (for plots)
         self.last_weights: torch.Tensor | None = None

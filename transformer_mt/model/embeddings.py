@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from .dropout import Dropout
+
 
 class InputEmbeddings(nn.Module):
     def __init__(self, vocab_size: int, d_model: int):
@@ -35,7 +37,7 @@ class PositionalEncoding(nn.Module):
     def __init__(self, d_model: int, dropout: float, initial_length: int = 512):
         super().__init__()
         self.d_model = d_model
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # Not persistent: it is a pure function of the length, so checkpoints need not carry it.
         self.register_buffer("table", sinusoidal_table(initial_length, d_model), persistent=False)
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
+from .dropout import Dropout, ReluDropout
 
 
 class FeedForward(nn.Module):
@@ -22,10 +23,10 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear_1 = nn.Linear(d_model, d_ff)
         self.linear_2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.relu_dropout = ReluDropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_2(self.dropout(torch.relu(self.linear_1(x))))
+        return self.linear_2(self.relu_dropout(self.linear_1(x)))
 
 
 class ResidualConnection(nn.Module):
@@ -34,7 +35,7 @@ class ResidualConnection(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm: str):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = norm == "pre"
 
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]

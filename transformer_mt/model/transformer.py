@@ -53,10 +53,17 @@ class Transformer(nn.Module):
         """Logits over the target vocabulary."""
         return self.projection(x)
 
+    def decoder_states(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
+                       tgt_mask: torch.Tensor) -> torch.Tensor:
+        """(B, T, d_model): the decoder's output, before the projection (teacher forcing)."""
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
-                tgt_mask: torch.Tensor) -> torch.Tensor:
-        memory = self.encode(src, src_mask)
-        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+                tgt_mask: torch.Tensor, project_to_vocab: bool = True) -> torch.Tensor:
+        """Logits (B, T, vocab); with project_to_vocab=False the decoder states (B, T, d_model),
+        for a loss that projects only the positions it needs."""
+        hidden = self.decoder_states(src, tgt, src_mask, tgt_mask)
+        return self.project(hidden) if project_to_vocab else hidden
 
     def new_cache(self) -> list[dict]:
         return [{} for _ in self.decoder.blocks]

@@ -1,0 +1,390 @@
+"""Benchmark: training throughput, MFU, padding, memory and decoding speed, on this machine.
+
+    python scripts/bench.py                      # --preset small, human-readable
+    python scripts/bench.py --preset base --json # one JSON object on stdout
+
+Everything runs through the project's own code: tokenizers from `transformer_mt.tokenizer`,
+`encode_split`, `TokenBatchSampler` + `Collator` batches through the DataLoader of `make_loader`,
+the model from `build_model`, optimizer steps through `Trainer.train_step` (loss, backward, clip,
+Adam, Noam) and decoding through `Translator` (greedy and beam search on the key/value cache).
+The model is untrained: speed does not depend on the weights, and an untrained model rarely
+emits [EOS], so every output runs to `--decode-len` tokens (the reference's 1.1 sentences/s was
+measured with 12).
+
+Absolute times drift on a shared machine, so the figures that matter are ratios measured in the
+same run: MFU against a GEMM rate probed between the training steps (so both see the same load),
+and cached against uncached decoding of the same sentences by the same model.
+
+Model FLOPs (forward; a pair with S real source positions [SOS] src [EOS] and T real target
+positions; d = d_model, f = d_ff, L = layers, V = target vocabulary; a matmul of (m×k)·(k×n) is
+2mkn FLOPs; padding is not counted, so padding lowers MFU):
+    encoder, per layer   S·(8d² + 4df) + 4d·S²          W_q,W_k,W_v,W_o; FFN; QKᵀ and AV (S keys)
+    decoder, per layer   T·(8d² + 4df) + 2d·T(T+1)      self-attention (position i sees i+1 keys);
+                         + T·4d² + S·4d² + 4d·T·S       cross: W_q,W_o per target, W_k,W_v per source
+    projection           2dV·T
+Training = 3 × forward (the backward pass computes two matmuls per forward matmul), summed over
+the measured batches and divided by their real target tokens: `model_flops_per_token` includes
+the encoder's work, attributed to the target tokens of its sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from transformer_mt.openmp import configure_openmp
+
+configure_openmp()                  # before torch is imported
+
+import datasets
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.batching import (Batch, EncodedPairs, encode_split, make_loader, source_tensor,
+                                     src_pad_mask)
+from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, \
+    TrainConfig
+from transformer_mt.data import clean_pairs, normalize_text
+from transformer_mt.device import pick_device
+from transformer_mt.model import build_model, count_parameters
+from transformer_mt.run import RunData, RunDir
+from transformer_mt.search import greedy_search
+from transformer_mt.tokenizer import TextCodec, train_tokenizer
+from transformer_mt.training import Trainer
+from transformer_mt.translator import Translator
+
+ROOT = Path(__file__).resolve().parent.parent
+TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
+REFERENCE_SOURCE_LENGTH = 350     # the reference pads every source sentence to this length
+
+PRESETS = {
+    # configs/tatoeba_en_it.yaml's model
+    "small": ModelConfig(d_model=256, layers=3, heads=4, d_ff=1024, tie_embeddings=True),
+    # the paper's base model (configs/opus_books_en_it.yaml)
+    "base": ModelConfig(d_model=512, layers=6, heads=8, d_ff=2048),
+}
+
+
+# --------------------------------------------------------------------------- timing
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class GemmProbe:
+    """The machine's matrix-multiply rate, sampled in short bursts between the measured steps so
+    that it sees the same background load as they do: fp32 on CPU, bf16 on CUDA (what autocast
+    runs the model's matmuls in there)."""
+
+    def __init__(self, device: torch.device, size: int):
+        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.device = device
+        self.a = torch.randn(size, size, device=device, dtype=self.dtype)
+        self.b = torch.randn(size, size, device=device, dtype=self.dtype)
+        self.flops_per_call = 2 * size ** 3
+        self.flops = self.seconds = 0.0
+        self.sample(0.0)                 # warm-up, not counted
+
+    def sample(self, seconds: float) -> None:
+        _sync(self.device)
+        start = time.perf_counter()
+        calls = 0
+        while True:
+            torch.mm(self.a, self.b)
+            calls += 1
+            _sync(self.device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        if seconds > 0:
+            self.flops += calls * self.flops_per_call
+            self.seconds += elapsed
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.seconds / 1e9
+
+
+# --------------------------------------------------------------------------- data
+
+def read_pairs(path: Path, max_lines: int | None, seed: int) -> tuple[list[str], list[str], str]:
+    """Cleaned pairs of the Tatoeba TSV file (as `tmt` reads it: split on the tab, no quoting),
+    or a synthetic corpus of Tatoeba-like lengths when the file is absent."""
+    if path.is_file():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if max_lines is not None and max_lines < len(lines):
+            lines = random.Random(seed).sample(lines, max_lines)
+        fields = [line.split("\t") for line in lines]
+        fields = [f for f in fields if len(f) == 2]
+        src, tgt = clean_pairs([f[0] for f in fields], [f[1] for f in fields],
+                               DataConfig(max_len=40))
+        return src, tgt, str(path)
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(20000)]
+    weights = [1.0 / (rank + 1) for rank in range(len(words))]      # Zipf-like word frequencies
+
+    def sentence() -> str:
+        return " ".join(rng.choices(words, weights, k=max(2, int(rng.gauss(7, 3))))) + "."
+    n = max_lines or 100_000
+    return [sentence() for _ in range(n)], [sentence() for _ in range(n)], "synthetic"
+
+
+@dataclass
+class Corpus:
+    src_codec: TextCodec
+    tgt_codec: TextCodec
+    train: EncodedPairs          # the pairs training batches are drawn from
+    decode_sources: list[str]    # sentences to translate, none of them in `train`
+    origin: str
+
+
+def build_corpus(args: argparse.Namespace) -> Corpus:
+    src, tgt, origin = read_pairs(Path(args.data), args.corpus_lines, args.seed)
+    tokenizer_cfg = TokenizerConfig(min_frequency=2, max_vocab=args.max_vocab)
+    src_codec = TextCodec(train_tokenizer(src, tokenizer_cfg))
+    tgt_codec = TextCodec(train_tokenizer(tgt, tokenizer_cfg))
+    order = list(range(len(src)))
+    random.Random(args.seed).shuffle(order)
+    decode_rows, train_rows = order[:args.decode_sentences], order[args.decode_sentences:]
+    train_rows = train_rows[:args.train_pairs]
+    split = datasets.Dataset.from_dict({"src": [src[i] for i in train_rows],
+                                        "tgt": [tgt[i] for i in train_rows]})
+    train = EncodedPairs(encode_split(split, src_codec, tgt_codec))
+    return Corpus(src_codec, tgt_codec, train, [src[i] for i in decode_rows], origin)
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+def forward_flops(cfg: ModelConfig, tgt_vocab: int, src_len: torch.Tensor,
+                  tgt_len: torch.Tensor) -> float:
+    """Forward matmul FLOPs for pairs of real lengths src_len, tgt_len (the module docstring's
+    formula)."""
+    d, f, layers = cfg.d_model, cfg.d_ff, cfg.layers
+    s, t = src_len.double(), tgt_len.double()
+    encoder = s * (8 * d * d + 4 * d * f) + 4 * d * s * s
+    decoder = (t * (8 * d * d + 4 * d * f) + 2 * d * t * (t + 1)
+               + t * 4 * d * d + s * 4 * d * d + 4 * d * t * s)
+    projection = 2 * d * tgt_vocab * t
+    return float((layers * (encoder + decoder) + projection).sum())
+
+
+# --------------------------------------------------------------------------- training
+
+@dataclass
+class TrainResult:
+    tokens_per_s: float
+    flops_per_token: float
+    achieved_gflops: float
+    steps: int
+    seconds: float
+    padding_efficiency: float
+    parameters: int
+
+
+def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelConfig,
+                   device: torch.device, probe: GemmProbe) -> TrainResult:
+    train_cfg = TrainConfig(batch_tokens=args.batch_tokens, seed=args.seed,
+                            num_workers=args.num_workers, warmup_steps=4000)
+    cfg = Config(model=model_cfg, train=train_cfg)
+    src_codec, tgt_codec = corpus.src_codec, corpus.tgt_codec
+    model = build_model(model_cfg, src_codec.vocab_size, tgt_codec.vocab_size).to(device)
+    data = RunData(splits=None, src_codec=src_codec, tgt_codec=tgt_codec, train=corpus.train,
+                   valid=corpus.train)
+    # The trainer writes nothing until its loop starts; train_step is all that is used here.
+    trainer = Trainer(cfg, RunDir(Path(tempfile.gettempdir()) / "tmt-bench"), data, model, device)
+    sampler = trainer.sampler
+    padding = sampler.padding_efficiency(corpus.train)
+
+    def epochs() -> Iterator[Batch]:
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            yield from make_loader(corpus.train, sampler, trainer.collator, args.num_workers)
+    batches = epochs()
+
+    def step() -> tuple[float, float]:
+        batch = next(batches)
+        trainer.train_step([batch])
+        src_len = (batch.src != src_codec.pad_id).sum(dim=1)
+        tgt_len = (batch.tgt_out != tgt_codec.pad_id).sum(dim=1)
+        return batch.n_tokens, 3 * forward_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
+
+    for _ in range(args.warmup_steps):
+        step()
+    tokens = flops = seconds = 0.0
+    steps = 0
+    while steps < args.min_train_steps or seconds < args.train_seconds:
+        started = time.perf_counter()
+        step_tokens, step_flops = step()
+        step_seconds = time.perf_counter() - started
+        tokens, flops, seconds, steps = tokens + step_tokens, flops + step_flops, \
+            seconds + step_seconds, steps + 1
+        # Probe for a fixed share of the step's time, so each step's load is sampled alike.
+        probe.sample(args.gemm_share * step_seconds)
+    return TrainResult(tokens / seconds, flops / tokens, flops / seconds / 1e9, steps, seconds,
+                       padding, count_parameters(model))
+
+
+# --------------------------------------------------------------------------- decoding
+
+def _timed(function, *args, **kwargs):
+    started = time.perf_counter()
+    result = function(*args, **kwargs)
+    return result, time.perf_counter() - started
+
+
+def uncached_reference(model, translator: Translator, sources: list[str]) -> list[list[int]]:
+    """The reference's decoding: one sentence at a time, its source padded to 350 positions,
+    the whole prefix re-decoded with a causal mask at every step (cross-attention keys and
+    values recomputed too), no cache."""
+    codec = translator.src_codec
+    outputs = []
+    for sentence in sources:
+        src = source_tensor([codec.encode(normalize_text(sentence))], codec)
+        src = F.pad(src, (0, REFERENCE_SOURCE_LENGTH - src.size(1)), value=codec.pad_id)
+        src = src.to(translator.device)
+        outputs += greedy_search(model, src, src_pad_mask(src, codec.pad_id), translator.limits,
+                                 use_cache=False)
+    return outputs
+
+
+def bench_decoding(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelConfig,
+                   device: torch.device) -> dict:
+    torch.manual_seed(args.seed)
+    model = build_model(model_cfg, corpus.src_codec.vocab_size, corpus.tgt_codec.vocab_size)
+    decode_cfg = DecodeConfig(max_len_a=0.0, max_len_b=args.decode_len,
+                              batch_size=args.decode_batch)
+    translator = Translator(model, corpus.src_codec, corpus.tgt_codec, decode_cfg, device)
+    sources = corpus.decode_sources
+    translator.translate_ids(sources[:args.decode_batch])                  # warm-up
+    greedy, greedy_s = _timed(translator.translate_ids, sources)
+    _, beam_s = _timed(translator.translate_ids, sources, beam_size=4)
+    subset_rows = sorted(random.Random(args.seed).sample(range(len(sources)),
+                                                         min(args.uncached_sentences,
+                                                             len(sources))))
+    subset = [sources[i] for i in subset_rows]
+    uncached, uncached_s = _timed(uncached_reference, translator.model, translator, subset)
+    same = sum(out == greedy[i][0] for out, i in zip(uncached, subset_rows))
+    greedy_rate = len(sources) / greedy_s
+    uncached_rate = len(subset) / uncached_s
+    return {
+        "decode_sentences": len(sources),
+        "decode_batch": args.decode_batch,
+        "decode_output_tokens_mean": sum(len(g[0]) for g in greedy) / len(greedy),
+        "greedy_sents_per_s": greedy_rate,
+        "uncached_sentences": len(subset),
+        "uncached_sents_per_s": uncached_rate,
+        "uncached_same_output": f"{same}/{len(subset)}",
+        "greedy_speedup": greedy_rate / uncached_rate,
+        "beam4_sents_per_s": len(sources) / beam_s,
+        "beam4_time_over_greedy": beam_s / greedy_s,
+    }
+
+
+# --------------------------------------------------------------------------- main
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--d-model", type=int, help="override the preset's d_model")
+    p.add_argument("--layers", type=int, help="override the preset's layers")
+    p.add_argument("--heads", type=int, help="override the preset's heads")
+    p.add_argument("--d-ff", type=int, help="override the preset's d_ff")
+    p.add_argument("--data", default=str(TATOEBA), help="Tatoeba TSV (synthetic if absent)")
+    p.add_argument("--corpus-lines", type=int, help="read this many random lines (default all)")
+    p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it.yaml")
+    p.add_argument("--train-pairs", type=int, default=50_000, help="pairs batches come from")
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
+    p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
+    p.add_argument("--train-seconds", type=float, default=60.0, help="timed training, at least")
+    p.add_argument("--min-train-steps", type=int, default=5)
+    p.add_argument("--gemm-size", type=int, default=2048)
+    p.add_argument("--gemm-share", type=float, default=0.25,
+                   help="GEMM probing time after each step, as a fraction of the step's time")
+    p.add_argument("--decode-sentences", type=int, default=512)
+    p.add_argument("--decode-batch", type=int, default=128)
+    p.add_argument("--decode-len", type=int, default=12, help="output tokens per sentence")
+    p.add_argument("--uncached-sentences", type=int, default=8,
+                   help="sentences decoded the reference's way (it is slow: rates are per "
+                        "sentence)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def model_config(args: argparse.Namespace) -> ModelConfig:
+    overrides = {key: getattr(args, key) for key in ("d_model", "layers", "heads", "d_ff")
+                 if getattr(args, key) is not None}
+    return replace(PRESETS[args.preset], **overrides)
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    corpus = build_corpus(args)
+    model_cfg = model_config(args)
+    vocab = {"src": corpus.src_codec.vocab_size, "tgt": corpus.tgt_codec.vocab_size}
+    probe = GemmProbe(device, args.gemm_size)
+    train = bench_training(args, corpus, model_cfg, device, probe)
+    decode = bench_decoding(args, corpus, model_cfg, device)
+    return {
+        "preset": args.preset,
+        "device": device.type,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "data": corpus.origin,
+        "gemm_gflops": probe.gflops,
+        "gemm": f"{args.gemm_size}x{args.gemm_size} {str(probe.dtype).replace('torch.', '')}",
+        "model": {"d_model": model_cfg.d_model, "layers": model_cfg.layers,
+                  "heads": model_cfg.heads, "d_ff": model_cfg.d_ff,
+                  "src_vocab": vocab["src"], "tgt_vocab": vocab["tgt"],
+                  "tie_embeddings": model_cfg.tie_embeddings, "parameters": train.parameters},
+        "batch_tokens": args.batch_tokens,
+        "train_steps": train.steps,
+        "train_tokens_per_s": train.tokens_per_s,
+        "model_flops_per_token": train.flops_per_token,
+        "achieved_gflops": train.achieved_gflops,
+        "mfu": train.achieved_gflops / probe.gflops,
+        "padding_efficiency": train.padding_efficiency,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **decode,
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:28s} {_format(value)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
