@@ -87,3 +87,10 @@ def test_data_paths_resolve_relative_to_the_config_file(tmp_path):
     path = tmp_path / "sub" / "c.yaml"
     path.write_text("data:\n  source: tsv\n  path: ../pairs.tsv\n")
     assert load_config(path).data.path == str(tmp_path / "pairs.tsv")
+
+
+def test_yaml_that_would_run_code_is_refused(tmp_path):
+    path = tmp_path / "evil.yaml"
+    path.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ConfigError, match="fix the YAML syntax|could not determine a constructor"):
+        load_config(path)
