@@ -13,6 +13,10 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
+from transformer_mt.openmp import configure_openmp  # noqa: E402  (before any torch import)
+
+configure_openmp()          # in-process training tests get the same OpenMP policy as `tmt`
+
 ROOT = Path(__file__).resolve().parent.parent
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
 
