@@ -305,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=str(TATOEBA), help="Tatoeba TSV (synthetic if absent)")
     p.add_argument("--corpus-lines", type=int, help="read this many random lines (default all)")
     p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it.yaml")
-    p.add_argument("--train-pairs", type=int, default=50_000, help="pairs batches come from")
+    p.add_argument("--train-pairs", type=int, help="pairs batches come from (default: all)")
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
