@@ -305,13 +305,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", default=str(TATOEBA), help="Tatoeba TSV (synthetic if absent)")
     p.add_argument("--corpus-lines", type=int, help="read this many random lines (default all)")
     p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it.yaml")
-    p.add_argument("--train-pairs", type=int, default=50_000, help="pairs batches come from")
+    p.add_argument("--train-pairs", type=int, help="pairs batches come from (default: all)")
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
     p.add_argument("--train-seconds", type=float, default=60.0, help="timed training, at least")
     p.add_argument("--min-train-steps", type=int, default=5)
-    p.add_argument("--gemm-size", type=int, default=2048)
+    p.add_argument("--gemm-size", type=int,
+                   help="square matmul of the GEMM probe (default 2048 on CPU, 8192 on CUDA)")
     p.add_argument("--gemm-share", type=float, default=0.25,
                    help="GEMM probing time after each step, as a fraction of the step's time")
     p.add_argument("--decode-sentences", type=int, default=512)
@@ -341,7 +342,8 @@ def run(args: argparse.Namespace) -> dict:
     corpus = build_corpus(args)
     model_cfg = model_config(args)
     vocab = {"src": corpus.src_codec.vocab_size, "tgt": corpus.tgt_codec.vocab_size}
-    probe = GemmProbe(device, args.gemm_size)
+    gemm_size = args.gemm_size or (8192 if device.type == "cuda" else 2048)
+    probe = GemmProbe(device, gemm_size)
     train = bench_training(args, corpus, model_cfg, device, probe)
     decode = bench_decoding(args, corpus, model_cfg, device)
     return {
@@ -351,7 +353,7 @@ def run(args: argparse.Namespace) -> dict:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "data": corpus.origin,
         "gemm_gflops": probe.gflops,
-        "gemm": f"{args.gemm_size}x{args.gemm_size} {str(probe.dtype).replace('torch.', '')}",
+        "gemm": f"{gemm_size}x{gemm_size} {str(probe.dtype).replace('torch.', '')}",
         "model": {"d_model": model_cfg.d_model, "layers": model_cfg.layers,
                   "heads": model_cfg.heads, "d_ff": model_cfg.d_ff,
                   "src_vocab": vocab["src"], "tgt_vocab": vocab["tgt"],

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from transformer_mt.openmp import configure_openmp
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-
-from transformer_mt.openmp import configure_openmp  # noqa: E402  (before any torch import)
-
-configure_openmp()          # in-process training tests get the same OpenMP policy as `tmt`
+# Before any test module imports torch: as `tmt` does (see transformer_mt/openmp.py); on a busy
+# machine the in-process training tests otherwise run ~30x slower.
+configure_openmp()
 
 ROOT = Path(__file__).resolve().parent.parent
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"

@@ -48,7 +48,7 @@ def greedy_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
     outputs: list[list[int]] = [[] for _ in range(batch)]
     alive = torch.arange(batch, device=src.device)          # original index of each row
     prefix = torch.full((batch, 1), limits.sos_id, dtype=torch.long, device=src.device)
-    cache = model.new_cache() if use_cache else None
+    cache = model.new_cache(memory) if use_cache else None
     step = 0
     while alive.numel():
         if use_cache:
@@ -97,15 +97,14 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
     batch, device = src.size(0), src.device
     memory = model.encode(src, src_mask)
     max_lengths = limits.max_lengths(src_mask)
-    # Each sentence's row repeated k times: row b*k + j is beam j of sentence b.
-    memory = memory.repeat_interleave(k, dim=0)
-    src_mask = src_mask.repeat_interleave(k, dim=0)
+    # Decoder row b*k + j is beam j of sentence b; the cache's cross-attention keys/values and
+    # src_mask keep one row per sentence, shared by its beams.
+    cache = model.new_cache(memory)
     scores = torch.full((batch, k), float("-inf"), device=device)
     scores[:, 0] = 0.0                                       # all beams start identical
     tokens = torch.full((batch * k, 1), limits.sos_id, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     alive = torch.arange(batch, device=device)
-    cache = model.new_cache()
     step = 0
     while alive.numel():
         n = alive.numel()
@@ -152,6 +151,7 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
             keep = (~done).nonzero().squeeze(1)
             keep_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
             alive, scores = alive[keep], scores[keep]
-            tokens, memory, src_mask = tokens[keep_rows], memory[keep_rows], src_mask[keep_rows]
-            _select_rows(cache, keep_rows, ("self_k", "self_v", "cross_k", "cross_v"))
+            tokens, memory, src_mask = tokens[keep_rows], memory[keep], src_mask[keep]
+            _select_rows(cache, keep_rows, ("self_k", "self_v"))
+            _select_rows(cache, keep, ("cross_k", "cross_v"))
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]

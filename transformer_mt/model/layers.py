@@ -71,9 +71,9 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor | None, cache: dict | None = None) -> torch.Tensor:
-        """With `cache`, x holds only the newest position(s): their keys and values are
-        appended to the cached ones, and the cross-attention keys/values of `memory` are
-        computed on the first call only."""
+        """With `cache` (`Transformer.new_cache`), x holds only the newest position(s): their
+        keys and values are appended to the cached ones, and the cross-attention uses the
+        cached keys/values of the encoder output instead of `memory`."""
         def self_attend(h: torch.Tensor) -> torch.Tensor:
             k, v = self.self_attention.project_kv(h)
             if cache is not None:
@@ -86,9 +86,12 @@ class DecoderBlock(nn.Module):
         def cross_attend(h: torch.Tensor) -> torch.Tensor:
             if cache is None:
                 return self.cross_attention(h, memory, src_mask)
-            if "cross_k" not in cache:
-                cache["cross_k"], cache["cross_v"] = self.cross_attention.project_kv(memory)
-            return self.cross_attention.attend(h, cache["cross_k"], cache["cross_v"], src_mask)
+            # The cache holds one sentence's keys/values once; its rows in x (k consecutive
+            # ones in beam search) query them together, as k positions of that sentence.
+            sentences = cache["cross_k"].size(0)
+            queries = h.reshape(sentences, -1, h.size(-1))
+            return self.cross_attention.attend(queries, cache["cross_k"], cache["cross_v"],
+                                               src_mask).reshape(h.shape)
 
         x = self.residuals[0](x, self_attend)
         x = self.residuals[1](x, cross_attend)

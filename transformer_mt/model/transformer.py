@@ -45,7 +45,8 @@ class Transformer(nn.Module):
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                tgt_mask: torch.Tensor | None, cache: list[dict] | None = None,
                start: int = 0) -> torch.Tensor:
-        """Decoder states for target positions start..start+T-1 (T = tgt.size(1))."""
+        """Decoder states for target positions start..start+T-1 (T = tgt.size(1)). With a
+        `cache`, src_mask has one row per sentence, as the cache's cross-attention entries."""
         return self.decoder(self.tgt_pos(self.tgt_embed(tgt), start), memory, src_mask,
                             tgt_mask, cache)
 
@@ -65,8 +66,13 @@ class Transformer(nn.Module):
         hidden = self.decoder_states(src, tgt, src_mask, tgt_mask)
         return self.project(hidden) if project_to_vocab else hidden
 
-    def new_cache(self) -> list[dict]:
-        return [{} for _ in self.decoder.blocks]
+    def new_cache(self, memory: torch.Tensor) -> list[dict]:
+        """A key/value cache for incremental decoding, one dict per decoder layer. The
+        cross-attention keys/values of `memory` (B, S, d_model) are computed here, once per
+        sentence; the decoder rows of a sentence (k consecutive ones in beam search) share
+        them. The self-attention keys/values are appended by each decoding step."""
+        return [dict(zip(("cross_k", "cross_v"), block.cross_attention.project_kv(memory)))
+                for block in self.decoder.blocks]
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
