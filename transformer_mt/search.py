@@ -111,7 +111,8 @@ def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
         hidden = model.decode(tokens[:, -1:], memory, src_mask, None, cache, start=step)
         log_probs = model.project(hidden[:, -1]).float().log_softmax(dim=-1)
         vocab = log_probs.size(-1)
-        candidates = (scores[:, :, None] + log_probs.view(n, k, vocab)).view(n, k * vocab)
+        # In place: one (rows × vocabulary) tensor fewer per step.
+        candidates = log_probs.view(n, k, vocab).add_(scores[:, :, None]).view(n, k * vocab)
         top_scores, top_ids = candidates.topk(min(2 * k, k * vocab), dim=1)
         origin, token = top_ids // vocab, top_ids % vocab
         step += 1
