@@ -1,5 +1,3 @@
-import dataclasses
-
 import torch
 
 from transformer_mt.batching import src_pad_mask

@@ -9,7 +9,6 @@ import logging
 import math
 import signal
 import time
-from pathlib import Path
 from typing import Iterator
 
 import torch
