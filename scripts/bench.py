@@ -2,6 +2,7 @@
 
     python scripts/bench.py                      # --preset small, human-readable
     python scripts/bench.py --preset base --json # one JSON object on stdout
+    torchrun --nproc_per_node=2 scripts/bench.py --json   # data-parallel training throughput
 
 Everything runs through the project's own code: tokenizers from `transformer_mt.tokenizer`,
 `encode_split`, `TokenBatchSampler` + `Collator` batches through the DataLoader of `make_loader`,
@@ -14,6 +15,12 @@ measured with 12).
 Absolute times drift on a shared machine, so the figures that matter are ratios measured in the
 same run: MFU against a GEMM rate probed between the training steps (so both see the same load),
 and cached against uncached decoding of the same sentences by the same model.
+
+Under torchrun the training part runs data-parallel exactly as `tmt train` does (DDP, the batch
+plan partitioned across ranks, gradients all-reduced): `train_tokens_per_s` counts the target
+tokens of all ranks, `gemm_gflops` is the sum of the ranks' probes (they run at the same moments,
+so together they measure the machine), `peak_rss_mb` is the largest rank's. Decoding is not
+distributed in `tmt`, so it is left out; rank 0 prints the result.
 
 Model FLOPs (forward; a pair with S real source positions [SOS] src [EOS] and T real target
 positions; d = d_model, f = d_ff, L = layers, V = target vocabulary; a matmul of (m×k)·(k×n) is
@@ -56,6 +63,8 @@ from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig,
     TrainConfig
 from transformer_mt.data import clean_pairs, normalize_text
 from transformer_mt.device import pick_device
+from transformer_mt.distributed import DistInfo, active as dist_active, init_distributed, \
+    shutdown, sum_across_ranks
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.run import RunData, RunDir
 from transformer_mt.search import greedy_search
@@ -193,16 +202,18 @@ class TrainResult:
 
 
 def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelConfig,
-                   device: torch.device, probe: GemmProbe) -> TrainResult:
+                   device: torch.device, probe: GemmProbe, dist_info: DistInfo) -> TrainResult:
     train_cfg = TrainConfig(batch_tokens=args.batch_tokens, seed=args.seed,
                             num_workers=args.num_workers, warmup_steps=4000)
     cfg = Config(model=model_cfg, train=train_cfg)
     src_codec, tgt_codec = corpus.src_codec, corpus.tgt_codec
+    torch.manual_seed(args.seed)        # the same initial weights on every rank
     model = build_model(model_cfg, src_codec.vocab_size, tgt_codec.vocab_size).to(device)
     data = RunData(splits=None, src_codec=src_codec, tgt_codec=tgt_codec, train=corpus.train,
                    valid=corpus.train)
     # The trainer writes nothing until its loop starts; train_step is all that is used here.
-    trainer = Trainer(cfg, RunDir(Path(tempfile.gettempdir()) / "tmt-bench"), data, model, device)
+    trainer = Trainer(cfg, RunDir(Path(tempfile.gettempdir()) / "tmt-bench"), data, model, device,
+                      dist_info)
     sampler = trainer.sampler
     padding = sampler.padding_efficiency(corpus.train)
 
@@ -213,17 +224,21 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
     batches = epochs()
 
     def step() -> tuple[float, float]:
+        """One optimizer step; its target tokens and model FLOPs, summed over the ranks."""
         batch = next(batches)
-        trainer.train_step([batch])
+        _, _, tokens = trainer.train_step([batch])
         src_len = (batch.src != src_codec.pad_id).sum(dim=1)
         tgt_len = (batch.tgt_out != tgt_codec.pad_id).sum(dim=1)
-        return batch.n_tokens, 3 * forward_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
+        flops = 3 * forward_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
+        return tokens, sum_across_ranks(flops, device)
 
     for _ in range(args.warmup_steps):
         step()
     tokens = flops = seconds = 0.0
     steps = 0
-    while steps < args.min_train_steps or seconds < args.train_seconds:
+    # Every rank must take the same number of steps: rank 0's clock decides when to stop.
+    while not _stop_timing(steps >= args.min_train_steps and seconds >= args.train_seconds,
+                           device):
         started = time.perf_counter()
         step_tokens, step_flops = step()
         step_seconds = time.perf_counter() - started
@@ -233,6 +248,14 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
         probe.sample(args.gemm_share * step_seconds)
     return TrainResult(tokens / seconds, flops / tokens, flops / seconds / 1e9, steps, seconds,
                        padding, count_parameters(model))
+
+
+def _stop_timing(done_here: bool, device: torch.device) -> bool:
+    if not dist_active():
+        return done_here
+    flag = torch.tensor([float(done_here)], device=device)
+    torch.distributed.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 # --------------------------------------------------------------------------- decoding
@@ -349,7 +372,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
 def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
+    dist_info, device_name = init_distributed(args.device)
+    device = pick_device(device_name)
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     corpus = build_corpus(args)
@@ -357,15 +381,23 @@ def run(args: argparse.Namespace) -> dict:
     vocab = {"src": corpus.src_codec.vocab_size, "tgt": corpus.tgt_codec.vocab_size}
     gemm_size = args.gemm_size or (8192 if device.type == "cuda" else 2048)
     probe = GemmProbe(device, gemm_size)
-    train = bench_training(args, corpus, model_cfg, device, probe)
-    decode = bench_decoding(args, corpus, model_cfg, device)
+    train = bench_training(args, corpus, model_cfg, device, probe, dist_info)
+    # Decoding is not data-parallel in tmt: under torchrun only training is measured.
+    decode = {} if dist_info.enabled else bench_decoding(args, corpus, model_cfg, device)
+    gemm_gflops = sum_across_ranks(probe.gflops, device)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if dist_info.enabled:
+        peak_rss = torch.tensor([peak_rss_mb], device=device)
+        torch.distributed.all_reduce(peak_rss, op=torch.distributed.ReduceOp.MAX)
+        peak_rss_mb = float(peak_rss.item())
     return {
         "preset": args.preset,
         "device": device.type,
+        "world_size": dist_info.world_size,
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "data": corpus.origin,
-        "gemm_gflops": probe.gflops,
+        "gemm_gflops": gemm_gflops,
         "gemm": f"{gemm_size}x{gemm_size} {str(probe.dtype).replace('torch.', '')}",
         "model": {"d_model": model_cfg.d_model, "layers": model_cfg.layers,
                   "heads": model_cfg.heads, "d_ff": model_cfg.d_ff,
@@ -376,9 +408,9 @@ def run(args: argparse.Namespace) -> dict:
         "train_tokens_per_s": train.tokens_per_s,
         "model_flops_per_token": train.flops_per_token,
         "achieved_gflops": train.achieved_gflops,
-        "mfu": train.achieved_gflops / probe.gflops,
+        "mfu": train.achieved_gflops / gemm_gflops,
         "padding_efficiency": train.padding_efficiency,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb,
         **decode,
         "wall_seconds": time.perf_counter() - started,
     }
@@ -392,7 +424,13 @@ def _format(value) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = run(args)
+    try:
+        result = run(args)
+        is_main = not dist_active() or torch.distributed.get_rank() == 0
+    finally:
+        shutdown()
+    if not is_main:
+        return 0
     if args.json:
         print(json.dumps(result))
     else:
