@@ -204,7 +204,8 @@ class TrainResult:
 def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelConfig,
                    device: torch.device, probe: GemmProbe, dist_info: DistInfo) -> TrainResult:
     train_cfg = TrainConfig(batch_tokens=args.batch_tokens, seed=args.seed,
-                            num_workers=args.num_workers, warmup_steps=4000)
+                            num_workers=args.num_workers, warmup_steps=4000,
+                            recompute=args.recompute)
     cfg = Config(model=model_cfg, train=train_cfg)
     src_codec, tgt_codec = corpus.src_codec, corpus.tgt_codec
     torch.manual_seed(args.seed)        # the same initial weights on every rank
@@ -341,6 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it.yaml")
     p.add_argument("--train-pairs", type=int, help="pairs batches come from (default: all)")
     p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--recompute", action="store_true",
+                   help="train.recompute: recompute activations in the backward pass")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     p.add_argument("--warmup-steps", type=int, default=2, help="untimed steps first")
     p.add_argument("--train-seconds", type=float, default=60.0, help="timed training, at least")
@@ -404,6 +407,7 @@ def run(args: argparse.Namespace) -> dict:
                   "src_vocab": vocab["src"], "tgt_vocab": vocab["tgt"],
                   "tie_embeddings": model_cfg.tie_embeddings, "parameters": train.parameters},
         "batch_tokens": args.batch_tokens,
+        "recompute": args.recompute,
         "train_steps": train.steps,
         "train_tokens_per_s": train.tokens_per_s,
         "model_flops_per_token": train.flops_per_token,

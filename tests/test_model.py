@@ -162,3 +162,24 @@ def test_cpu_dropout_gradient_flows_exactly_through_the_kept_elements(fused):
     grad = torch.randn_like(out)
     out.backward(grad)
     assert torch.allclose(x.grad, torch.where(kept, grad * scale.mean(), 0.0))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_recomputed_activations_give_the_same_loss_and_gradients_with_dropout(norm):
+    """train.recompute trades memory for compute only: dropout masks are replayed in the
+    backward pass, so the gradients are those of the ordinary backward pass."""
+    src, tgt = _batch()
+    masks = src_pad_mask(src, PAD), tgt_mask(tgt, PAD)
+    results = []
+    for recompute in (False, True):
+        model = _model(dropout=0.3, norm=norm).train()
+        model.set_recompute(recompute)
+        torch.manual_seed(7)
+        loss = model(src, tgt, *masks).logsumexp(-1).mean()
+        loss.backward()
+        after = torch.rand(1)          # the random stream continues as without recompute
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}, after))
+    (loss_a, grads_a, after_a), (loss_b, grads_b, after_b) = results
+    assert torch.equal(loss_a, loss_b) and torch.equal(after_a, after_b)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-5, atol=1e-6, msg=name)

@@ -93,6 +93,7 @@ class TrainConfig:
     max_bad_steps: int = _spec(5, low=1)
     num_workers: int = _spec(0, low=0)
     threads: Optional[int] = _spec(None, low=1)
+    recompute: bool = False
 
 
 @dataclass(frozen=True)

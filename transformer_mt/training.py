@@ -59,6 +59,7 @@ class Trainer:
         self.cfg, self.run, self.data, self.model, self.device = cfg, run, data, model, device
         self.dist = dist_info
         t = cfg.train
+        model.set_recompute(t.recompute)
         # Training runs through the DDP wrapper (gradient all-reduce); everything else, from
         # validation to checkpoints, uses the plain module.
         self.train_model: torch.nn.Module = model

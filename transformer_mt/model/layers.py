@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import MultiHeadAttention
 from .dropout import Dropout, ReluDropout
@@ -98,9 +99,19 @@ class DecoderBlock(nn.Module):
         return self.residuals[2](x, self.feed_forward)
 
 
+def run_block(block: nn.Module, recompute: bool, *args) -> torch.Tensor:
+    """block(*args); with `recompute` (training only), its activations are not kept for the
+    backward pass but recomputed there from the block's input: memory for compute. The random
+    state is replayed, so dropout draws the same masks the second time."""
+    if recompute and block.training and torch.is_grad_enabled():
+        return checkpoint(block, *args, use_reentrant=False)
+    return block(*args)
+
+
 class Encoder(nn.Module):
     def __init__(self, layers: int, d_model: int, norm: str, **block_args):
         super().__init__()
+        self.recompute = False          # set by Transformer.set_recompute
         self.blocks = nn.ModuleList([EncoderBlock(d_model=d_model, norm=norm, **block_args)
                                      for _ in range(layers)])
         # Pre-norm leaves the residual stream un-normalised: one final norm closes the stack.
@@ -108,13 +119,14 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x, src_mask)
+            x = run_block(block, self.recompute, x, src_mask)
         return self.final_norm(x)
 
 
 class Decoder(nn.Module):
     def __init__(self, layers: int, d_model: int, norm: str, **block_args):
         super().__init__()
+        self.recompute = False
         self.blocks = nn.ModuleList([DecoderBlock(d_model=d_model, norm=norm, **block_args)
                                      for _ in range(layers)])
         self.final_norm = nn.LayerNorm(d_model) if norm == "pre" else nn.Identity()
@@ -122,5 +134,8 @@ class Decoder(nn.Module):
     def forward(self, x: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                 tgt_mask: torch.Tensor | None, cache: list[dict] | None = None) -> torch.Tensor:
         for i, block in enumerate(self.blocks):
-            x = block(x, memory, src_mask, tgt_mask, None if cache is None else cache[i])
+            if cache is None:
+                x = run_block(block, self.recompute, x, memory, src_mask, tgt_mask)
+            else:                      # incremental decoding: no gradients, nothing to recompute
+                x = block(x, memory, src_mask, tgt_mask, cache[i])
         return self.final_norm(x)

@@ -39,6 +39,11 @@ class Transformer(nn.Module):
             if p.dim() > 1:
                 nn.init.xavier_uniform_(p)
 
+    def set_recompute(self, enabled: bool) -> None:
+        """Recompute each encoder and decoder block's activations in the backward pass instead
+        of keeping them (train.recompute)."""
+        self.encoder.recompute = self.decoder.recompute = enabled
+
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         return self.encoder(self.src_pos(self.src_embed(src)), src_mask)
 
