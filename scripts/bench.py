@@ -63,8 +63,8 @@ from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig,
     TrainConfig
 from transformer_mt.data import clean_pairs, normalize_text
 from transformer_mt.device import pick_device
-from transformer_mt.distributed import DistInfo, active as dist_active, init_distributed, \
-    shutdown, sum_across_ranks
+from transformer_mt.distributed import DistInfo, active as dist_active, exit_process, \
+    init_distributed, joined, shutdown, sum_across_ranks
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.run import RunData, RunDir
 from transformer_mt.search import greedy_search
@@ -433,13 +433,14 @@ def main(argv: list[str] | None = None) -> int:
         is_main = not dist_active() or torch.distributed.get_rank() == 0
     finally:
         shutdown()
-    if not is_main:
-        return 0
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:28s} {_format(value)}")
+    if is_main:
+        if args.json:
+            print(json.dumps(result))
+        else:
+            for key, value in result.items():
+                print(f"{key:28s} {_format(value)}")
+    if joined():
+        exit_process(0)
     return 0
 
 

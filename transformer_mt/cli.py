@@ -393,6 +393,16 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     configure_openmp()              # before the commands import torch
     args = build_parser().parse_args(argv)
+    code = _run_command(args)
+    # Only `tmt train` under torchrun loads this module's distributed part (looked up rather
+    # than imported, so that commands that never load torch stay quick).
+    distributed = sys.modules.get(f"{__package__}.distributed")
+    if distributed is not None and distributed.joined():
+        distributed.exit_process(code)
+    return code
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except TmtError as exc:
