@@ -23,7 +23,7 @@ def test_tiny_model_learns_to_copy(tmp_path):
 data: {{source: tsv, path: {corpus}, valid_size: 100, test_size: 200}}
 tokenizer: {{min_frequency: 1}}
 model: {{d_model: 64, layers: 2, heads: 4, d_ff: 256, dropout: 0.0}}
-train: {{batch_tokens: 1500, lr: 0.003, warmup_steps: 60, max_steps: 450, label_smoothing: 0.0,
+train: {{batch_tokens: 1500, lr: 0.003, warmup_steps: 50, max_steps: 300, label_smoothing: 0.0,
         valid_every: 1000, checkpoint_every: 1000, log_every: 50}}
 decode: {{valid_sentences: 100}}
 """)

@@ -47,8 +47,9 @@ def setup_logging(level: int = logging.INFO, log_file: Path | None = None,
 # --------------------------------------------------------------------------- train
 
 def _load_train_config(args: argparse.Namespace):
+    # Only the light config module first: a mistake in the config is reported before torch and
+    # datasets are imported (seconds sooner).
     from .config import load_config
-    from .run import RunDir
 
     overrides = list(args.set or [])
     if args.max_steps is not None:
@@ -62,6 +63,7 @@ def _load_train_config(args: argparse.Namespace):
     else:
         raise TmtError("pass --config FILE (or --resume with --run-dir DIR to continue a run "
                        "with its saved config)")
+    from .run import RunDir
     run = RunDir(Path(args.run_dir) if args.run_dir else Path(cfg.runs_dir) / cfg.name)
     return cfg, run
 
@@ -75,9 +77,9 @@ def _seed_everything(seed: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    cfg, run = _load_train_config(args)
     from .distributed import init_distributed, shutdown
 
-    cfg, run = _load_train_config(args)
     info, device_name = init_distributed(cfg.train.device)
     try:
         return _train(cfg, run, args.resume, info, device_name)
