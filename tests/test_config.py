@@ -2,7 +2,12 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import Config, apply_overrides, config_from_dict, load_config
+import dataclasses
+
+import yaml
+
+from transformer_mt.config import Config, apply_overrides, config_from_dict, documented_yaml, \
+    load_config
 from transformer_mt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -15,11 +20,33 @@ def test_shipped_configs_load(name):
 
 
 def test_reference_config_documents_every_key():
-    text = (ROOT / "configs" / "opus_books_en_it.yaml").read_text()
+    text = (ROOT / "configs" / "reference.yaml").read_text()
     for section, values in Config().to_dict().items():
         keys = values if isinstance(values, dict) else {section: values}
         for key in keys:
             assert f"{key}:" in text, f"{section}.{key} is not documented in the reference config"
+
+
+def test_reference_config_shows_the_true_defaults_and_is_generated_from_the_specs():
+    path = ROOT / "configs" / "reference.yaml"
+    assert load_config(path) == Config()
+    assert path.read_text(encoding="utf-8") == documented_yaml(), \
+        "configs/reference.yaml is stale: regenerate it with tmt train --print-config"
+
+
+def test_every_key_has_help_text_next_to_its_default():
+    sections = [Config] + [type(value) for value in vars(Config()).values()
+                           if dataclasses.is_dataclass(value)]
+    for cls in sections:
+        for f in dataclasses.fields(cls):
+            assert len(f.metadata.get("help", "")) > 5, f"{cls.__name__}.{f.name} has no help"
+
+
+def test_documented_yaml_of_a_config_loads_back_to_it():
+    cfg = load_config(ROOT / "configs" / "tatoeba_en_it.yaml", ["train.lr=3e-4"])
+    text = documented_yaml(cfg)
+    assert config_from_dict(yaml.safe_load(text)) == cfg
+    assert "# peak learning rate" in text and "lr: 0.0003" in text
 
 
 def test_reference_hyperparameters():
@@ -94,3 +121,17 @@ def test_yaml_that_would_run_code_is_refused(tmp_path):
     path.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ConfigError, match="fix the YAML syntax|could not determine a constructor"):
         load_config(path)
+
+
+def test_print_config_prints_the_documented_defaults_and_resolved_configs(tmp_path):
+    from conftest import run_tmt
+
+    defaults = run_tmt("train", "--print-config", cwd=tmp_path)
+    assert defaults.returncode == 0, defaults.stderr
+    assert defaults.stdout == documented_yaml()
+    resolved = run_tmt("train", "--print-config", "--config", str(ROOT / "configs" / "tiny.yaml"),
+                       "--set", "model.layers=3", cwd=tmp_path)
+    assert resolved.returncode == 0, resolved.stderr
+    cfg = config_from_dict(yaml.safe_load(resolved.stdout))
+    assert cfg.name == "tiny" and cfg.model.layers == 3 and cfg.data.max_pairs == 3000
+    assert not list(tmp_path.iterdir())        # printing creates no run folder

@@ -68,6 +68,19 @@ def _load_train_config(args: argparse.Namespace):
     return cfg, run
 
 
+def _print_config(args: argparse.Namespace) -> int:
+    """Every key with its meaning: the defaults, or the resolved --config (with --set)."""
+    from .config import apply_overrides, config_from_dict, documented_yaml, load_config
+
+    overrides = list(args.set or [])
+    if args.config:
+        cfg = load_config(args.config, overrides)
+    else:
+        cfg = config_from_dict(apply_overrides({"name": "run"}, overrides))
+    print(documented_yaml(cfg), end="")
+    return 0
+
+
 def _seed_everything(seed: int) -> None:
     import numpy as np
     import torch
@@ -77,6 +90,8 @@ def _seed_everything(seed: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.print_config:
+        return _print_config(args)
     cfg, run = _load_train_config(args)
     from .distributed import init_distributed, shutdown
 
@@ -325,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-steps", type=int, help="stop after this many optimizer steps in all "
                        "(absolute, counting the steps before a resume)")
     train.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"))
+    train.add_argument("--print-config", action="store_true", help="print every config key with "
+                       "its value and meaning (the defaults, or --config FILE resolved) and exit")
     train.set_defaults(func=cmd_train)
 
     translate = commands.add_parser("translate", help="translate sentences (arguments, --input "

@@ -1,7 +1,8 @@
 """The typed, validated configuration: one frozen dataclass per section of the YAML file.
 
-`configs/opus_books_en_it.yaml` documents every key; the dataclasses below are the single source
-of truth for names, types, defaults and allowed ranges.
+The dataclasses below are the single source of truth for names, types, defaults, allowed ranges
+and the help text of every key; `documented_yaml()` renders them (`tmt train --print-config`,
+and `configs/reference.yaml`, which a test keeps equal to it).
 """
 
 from __future__ import annotations
@@ -19,37 +20,53 @@ import yaml
 from .errors import ConfigError
 
 
-def _spec(default: Any, *, low: float | None = None, high: float | None = None,
-          low_open: bool = False, high_open: bool = False, choices: tuple | None = None) -> Any:
-    """A dataclass field with its allowed range or choices attached as metadata."""
-    meta = {"low": low, "high": high, "low_open": low_open, "high_open": high_open,
-            "choices": choices}
+def _spec(default: Any, help: str, *, low: float | None = None, high: float | None = None,
+          low_open: bool = False, high_open: bool = False, choices: tuple | None = None,
+          factory: Any = None) -> Any:
+    """A dataclass field with its help text and allowed range or choices attached as metadata
+    (as fairseq's dataclass configs do): the documentation lives next to the default."""
+    meta = {"help": help, "low": low, "high": high, "low_open": low_open,
+            "high_open": high_open, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str = _spec("hub", choices=("hub", "tsv", "jsonl", "parquet", "text"))
-    hub_name: str = "Helsinki-NLP/opus_books"
-    hub_config: str = "en-it"
-    path: Optional[str] = None          # tsv / jsonl / parquet file
-    src_path: Optional[str] = None      # text: source side, one sentence per line
-    tgt_path: Optional[str] = None      # text: target side, line-aligned with src_path
-    src_lang: str = "en"
-    tgt_lang: str = "it"
-    max_pairs: Optional[int] = _spec(None, low=1)
-    max_len: int = _spec(100, low=1)
-    long_sentences: str = _spec("filter", choices=("filter", "truncate"))
-    valid_size: int = _spec(1000, low=1)
-    test_size: int = _spec(1000, low=0)
-    seed: int = 1234
+    source: str = _spec("hub", "hub | tsv | jsonl | parquet | text",
+                        choices=("hub", "tsv", "jsonl", "parquet", "text"))
+    hub_name: str = _spec("Helsinki-NLP/opus_books", "hub dataset (source: hub)")
+    hub_config: str = _spec("en-it", "its configuration, i.e. the language pair")
+    path: Optional[str] = _spec(None, "tsv / jsonl / parquet file, relative to the config file "
+                                "(tsv: 'English<TAB>Italian' per line; jsonl/parquet: "
+                                "{\"translation\": {\"en\": ..., \"it\": ...}} or en/it columns)")
+    src_path: Optional[str] = _spec(None, "source: text: source sentences, one per line")
+    tgt_path: Optional[str] = _spec(None, "source: text: target sentences, line-aligned with "
+                                    "src_path")
+    src_lang: str = _spec("en", "source language code (key in the translation column)")
+    tgt_lang: str = _spec("it", "target language code")
+    max_pairs: Optional[int] = _spec(None, "keep a seeded random sample of this many pairs "
+                                     "(null: all)", low=1)
+    max_len: int = _spec(100, "longest sentence, in words, on either side", low=1)
+    long_sentences: str = _spec("filter", "filter: drop longer pairs | truncate: cut them to "
+                                "max_len words", choices=("filter", "truncate"))
+    valid_size: int = _spec(1000, "source sentences held out for validation", low=1)
+    test_size: int = _spec(1000, "source sentences held out for testing (tmt evaluate)", low=0)
+    seed: int = _spec(1234, "seed of the split (all pairs of a source sentence share a split)")
 
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    type: str = _spec("word", choices=("word", "bpe"))
-    min_frequency: int = _spec(2, low=1)
-    max_vocab: Optional[int] = _spec(None, low=8)
+    type: str = _spec("word", "word: a word-level vocabulary per language, trained on the train "
+                      "split | bpe: one joint subword (BPE) vocabulary for both languages, "
+                      "trained on both sides of the train split; needs model.tie_embeddings: "
+                      "true", choices=("word", "bpe"))
+    min_frequency: int = _spec(2, "word: rarer words become [UNK]; bpe: rarer merges are not "
+                               "learnt", low=1)
+    max_vocab: Optional[int] = _spec(None, "word: cap on each vocabulary, most frequent first "
+                                     "(null: no cap); bpe: the joint vocabulary size (required, "
+                                     "e.g. 8000)", low=8)
 
     @property
     def joint(self) -> bool:
@@ -59,64 +76,93 @@ class TokenizerConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    d_model: int = _spec(512, low=1)
-    layers: int = _spec(6, low=1)
-    heads: int = _spec(8, low=1)
-    d_ff: int = _spec(2048, low=1)
-    dropout: float = _spec(0.1, low=0.0, high=1.0, high_open=True)
-    norm: str = _spec("pre", choices=("pre", "post"))
-    tie_embeddings: bool = False
-    attention: str = _spec("sdpa", choices=("sdpa", "explicit"))
+    d_model: int = _spec(512, "width of embeddings and of every layer", low=1)
+    layers: int = _spec(6, "encoder blocks, and as many decoder blocks", low=1)
+    heads: int = _spec(8, "attention heads (d_model must be divisible by heads)", low=1)
+    d_ff: int = _spec(2048, "inner width of the position-wise feed-forward layers", low=1)
+    dropout: float = _spec(0.1, "dropout on embeddings, sub-layer outputs, attention and FFN",
+                           low=0.0, high=1.0, high_open=True)
+    norm: str = _spec("pre", "pre: x + f(norm(x)) (stable) | post: norm(x + f(x)) (as in the "
+                      "paper)", choices=("pre", "post"))
+    tie_embeddings: bool = _spec(False, "share the target embedding matrix with the output "
+                                 "projection (with tokenizer.type bpe, the source embedding too)")
+    attention: str = _spec("sdpa", "sdpa: torch's fused scaled_dot_product_attention | explicit: "
+                           "softmax(QK^T/sqrt(d))V", choices=("sdpa", "explicit"))
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    device: str = _spec("auto", choices=("auto", "cpu", "cuda", "mps"))
-    seed: int = 42
-    batch_tokens: int = _spec(4096, low=1)
-    accumulate: int = _spec(1, low=1)
-    lr: float = _spec(5e-4, low=0.0, low_open=True)
-    warmup_steps: int = _spec(4000, low=1)
-    adam_betas: tuple = (0.9, 0.98)
-    adam_eps: float = _spec(1e-9, low=0.0, low_open=True)
-    weight_decay: float = _spec(0.0, low=0.0)
-    label_smoothing: float = _spec(0.1, low=0.0, high=1.0, high_open=True)
-    clip_norm: float = _spec(1.0, low=0.0)
-    max_steps: Optional[int] = _spec(None, low=0)
-    max_epochs: int = _spec(100, low=1)
-    log_every: int = _spec(50, low=1)
-    valid_every: int = _spec(1000, low=1)
-    checkpoint_every: int = _spec(1000, low=1)
-    keep_last: int = _spec(1, low=1)
-    keep_best: int = _spec(1, low=0)
-    patience: Optional[int] = _spec(None, low=1)
-    max_bad_steps: int = _spec(5, low=1)
-    num_workers: int = _spec(0, low=0)
-    threads: Optional[int] = _spec(None, low=1)
-    recompute: bool = False
+    device: str = _spec("auto", "auto (cuda -> mps -> cpu) | cpu | cuda | mps; bf16 autocast on "
+                        "cuda", choices=("auto", "cpu", "cuda", "mps"))
+    seed: int = _spec(42, "seeds parameters, dropout and the batch order")
+    batch_tokens: int = _spec(4096, "padded positions per batch (src or tgt side, whichever is "
+                              "longer)", low=1)
+    accumulate: int = _spec(1, "batches per optimizer step (gradient accumulation)", low=1)
+    lr: float = _spec(5e-4, "peak learning rate, reached at the end of warm-up (Noam schedule)",
+                      low=0.0, low_open=True)
+    warmup_steps: int = _spec(4000, "linear warm-up steps; afterwards lr decays as 1/sqrt(step)",
+                              low=1)
+    adam_betas: tuple = _spec((0.9, 0.98), "Adam beta1, beta2")
+    adam_eps: float = _spec(1e-9, "Adam epsilon", low=0.0, low_open=True)
+    weight_decay: float = _spec(0.0, "L2 weight decay", low=0.0)
+    label_smoothing: float = _spec(0.1, "label smoothing of the cross-entropy (padding is "
+                                   "ignored)", low=0.0, high=1.0, high_open=True)
+    clip_norm: float = _spec(1.0, "clip the gradient norm to this (0: no clipping)", low=0.0)
+    max_steps: Optional[int] = _spec(None, "stop after this many optimizer steps in all (null: "
+                                     "use max_epochs)", low=0)
+    max_epochs: int = _spec(100, "stop after this many passes over the train split", low=1)
+    log_every: int = _spec(50, "steps between progress lines in train.log and TensorBoard "
+                           "train/* scalars", low=1)
+    valid_every: int = _spec(1000, "steps between validations (loss, BLEU, chrF, samples) and "
+                             "checkpoints", low=1)
+    checkpoint_every: int = _spec(1000, "steps between checkpoints (besides those at "
+                                  "validation)", low=1)
+    keep_last: int = _spec(1, "newest step checkpoints kept (checkpoints/stepNNNNNNNN.pt), "
+                           "besides last.pt/best.pt", low=1)
+    keep_best: int = _spec(1, "step checkpoints with the best validation BLEU also kept (for "
+                           "tmt average)", low=0)
+    patience: Optional[int] = _spec(None, "stop after this many validations without a better "
+                                    "BLEU (null: never)", low=1)
+    max_bad_steps: int = _spec(5, "stop after this many consecutive steps with a non-finite "
+                               "loss or gradient", low=1)
+    num_workers: int = _spec(0, "DataLoader worker processes (0: load in the training process)",
+                             low=0)
+    threads: Optional[int] = _spec(None, "torch CPU threads (null: torch's default, one per "
+                                   "core)", low=1)
+    recompute: bool = _spec(False, "recompute each layer's activations in the backward pass "
+                            "instead of keeping them: ~1/3 less memory at base size for ~1/4 "
+                            "more compute")
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    max_len_a: float = _spec(1.5, low=0.0)
-    max_len_b: int = _spec(10, low=1)
-    beam_size: int = _spec(1, low=1)
-    length_penalty: float = _spec(0.6, low=0.0)
-    valid_sentences: int = _spec(500, low=1)
-    batch_size: int = _spec(64, low=1)
-    batch_tokens: Optional[int] = _spec(None, low=1)
-    max_input_tokens: int = _spec(256, low=1)
+    max_len_a: float = _spec(1.5, "output at most max_len_a * source length + max_len_b tokens",
+                             low=0.0)
+    max_len_b: int = _spec(10, "see max_len_a", low=1)
+    beam_size: int = _spec(1, "1: greedy search; >1: beam search (validation and tmt translate)",
+                           low=1)
+    length_penalty: float = _spec(0.6, "beam search length penalty alpha: scores are divided by "
+                                  "((5+len)/6)^alpha", low=0.0)
+    valid_sentences: int = _spec(500, "validation sentences translated for BLEU / chrF", low=1)
+    batch_size: int = _spec(64, "sentences decoded together", low=1)
+    batch_tokens: Optional[int] = _spec(None, "also cap a decoding batch at this many padded "
+                                        "source tokens (null: no cap)", low=1)
+    max_input_tokens: int = _spec(256, "longer inputs to tmt translate are truncated, with a "
+                                  "warning", low=1)
 
 
 @dataclass(frozen=True)
 class Config:
-    name: str = "run"
-    runs_dir: str = "runs"
-    data: DataConfig = field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    name: str = _spec("run", "run name: the run goes to <runs_dir>/<name> unless --run-dir is "
+                      "given (default: the config file's name)")
+    runs_dir: str = _spec("runs", "parent folder of all runs (relative to where tmt is started)")
+    data: DataConfig = _spec(None, "the corpus, its cleaning and its split", factory=DataConfig)
+    tokenizer: TokenizerConfig = _spec(None, "vocabularies, trained on the train split only",
+                                       factory=TokenizerConfig)
+    model: ModelConfig = _spec(None, "the Transformer's shape", factory=ModelConfig)
+    train: TrainConfig = _spec(None, "optimisation, validation, checkpoints",
+                               factory=TrainConfig)
+    decode: DecodeConfig = _spec(None, "greedy / beam search", factory=DecodeConfig)
 
     def to_dict(self) -> dict:
         return _to_plain(dataclasses.asdict(self))
@@ -128,6 +174,8 @@ class Config:
 _SECTION_TYPES = {"data": DataConfig, "tokenizer": TokenizerConfig, "model": ModelConfig,
                   "train": TrainConfig, "decode": DecodeConfig}
 _TOP_LEVEL = {"name": str, "runs_dir": str}
+HELP_COLUMN = 28       # where the help comments start in documented YAML
+LINE_WIDTH = 100
 
 
 def _to_plain(value: Any) -> Any:
@@ -320,3 +368,47 @@ def resolve_paths(cfg: Config, base: Path) -> Config:
 
 def save_config(cfg: Config, path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def _yaml_scalar(value: Any) -> str:
+    # flow style keeps lists on one line; the first line drops YAML's "..." end-of-document mark
+    return yaml.safe_dump(value, default_flow_style=True, width=1000).splitlines()[0]
+
+
+def _comment_lines(help_text: str, indent: int) -> list[str]:
+    width = LINE_WIDTH - indent - 2
+    words, lines, line = help_text.split(), [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return lines + [line] if line else lines
+
+
+def _documented_fields(fields: list[dataclasses.Field], values: dict, indent: str) -> list[str]:
+    out = []
+    for f in fields:
+        entry = f"{indent}{f.name}: {_yaml_scalar(values[f.name])}"
+        column = max(HELP_COLUMN, len(entry) + 1)
+        comments = _comment_lines(f.metadata["help"], column)
+        out.append(f"{entry.ljust(column)}# {comments[0]}")
+        out.extend(f"{' ' * column}# {more}" for more in comments[1:])
+    return out
+
+
+def documented_yaml(cfg: Config | None = None) -> str:
+    """`cfg` (default: all defaults) as YAML with every key's meaning beside it."""
+    cfg = cfg or Config()
+    values = cfg.to_dict()
+    lines = ["# tmt configuration: every key, its value and its meaning (tmt train --print-config).",
+             "# A config file lists only what it changes; data paths are relative to the file.",
+             "# Override any key on the command line: tmt train --config FILE --set train.lr=3e-4",
+             ""]
+    top_fields = {f.name: f for f in dataclasses.fields(Config)}
+    lines += _documented_fields([top_fields[name] for name in _TOP_LEVEL], values, "")
+    for name, cls in _SECTION_TYPES.items():
+        lines += ["", f"{name}:".ljust(HELP_COLUMN) + f"# {top_fields[name].metadata['help']}"]
+        lines += _documented_fields(dataclasses.fields(cls), values[name], "  ")
+    return "\n".join(lines) + "\n"
