@@ -22,16 +22,8 @@ tokens of all ranks, `gemm_gflops` is the sum of the ranks' probes (they run at 
 so together they measure the machine), `peak_rss_mb` is the largest rank's. Decoding is not
 distributed in `tmt`, so it is left out; rank 0 prints the result.
 
-Model FLOPs (forward; a pair with S real source positions [SOS] src [EOS] and T real target
-positions; d = d_model, f = d_ff, L = layers, V = target vocabulary; a matmul of (m×k)·(k×n) is
-2mkn FLOPs; padding is not counted, so padding lowers MFU):
-    encoder, per layer   S·(8d² + 4df) + 4d·S²          W_q,W_k,W_v,W_o; FFN; QKᵀ and AV (S keys)
-    decoder, per layer   T·(8d² + 4df) + 2d·T(T+1)      self-attention (position i sees i+1 keys);
-                         + T·4d² + S·4d² + 4d·T·S       cross: W_q,W_o per target, W_k,W_v per source
-    projection           2dV·T
-Training = 3 × forward (the backward pass computes two matmuls per forward matmul), summed over
-the measured batches and divided by their real target tokens: `model_flops_per_token` includes
-the encoder's work, attributed to the target tokens of its sentence.
+Model FLOPs are counted by `transformer_mt.model.flops` (its docstring gives the formula) and
+compared with the matrix-multiply rate its `MatmulProbe` measures between the training steps.
 """
 
 from __future__ import annotations
@@ -66,6 +58,7 @@ from transformer_mt.device import pick_device
 from transformer_mt.distributed import DistInfo, active as dist_active, exit_process, \
     init_distributed, joined, shutdown, sum_across_ranks
 from transformer_mt.model import build_model, count_parameters
+from transformer_mt.model.flops import MatmulProbe, training_flops
 from transformer_mt.run import RunData, RunDir
 from transformer_mt.search import greedy_search
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
@@ -82,47 +75,6 @@ PRESETS = {
     # the paper's base model (configs/opus_books_en_it.yaml)
     "base": ModelConfig(d_model=512, layers=6, heads=8, d_ff=2048),
 }
-
-
-# --------------------------------------------------------------------------- timing
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-class GemmProbe:
-    """The machine's matrix-multiply rate, sampled in short bursts between the measured steps so
-    that it sees the same background load as they do: fp32 on CPU, bf16 on CUDA (what autocast
-    runs the model's matmuls in there)."""
-
-    def __init__(self, device: torch.device, size: int):
-        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        self.device = device
-        self.a = torch.randn(size, size, device=device, dtype=self.dtype)
-        self.b = torch.randn(size, size, device=device, dtype=self.dtype)
-        self.flops_per_call = 2 * size ** 3
-        self.flops = self.seconds = 0.0
-        self.sample(0.0)                 # warm-up, not counted
-
-    def sample(self, seconds: float) -> None:
-        _sync(self.device)
-        start = time.perf_counter()
-        calls = 0
-        while True:
-            torch.mm(self.a, self.b)
-            calls += 1
-            _sync(self.device)
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
-        if seconds > 0:
-            self.flops += calls * self.flops_per_call
-            self.seconds += elapsed
-
-    @property
-    def gflops(self) -> float:
-        return self.flops / self.seconds / 1e9
 
 
 # --------------------------------------------------------------------------- data
@@ -173,21 +125,6 @@ def build_corpus(args: argparse.Namespace) -> Corpus:
     return Corpus(src_codec, tgt_codec, train, [src[i] for i in decode_rows], origin)
 
 
-# --------------------------------------------------------------------------- FLOPs
-
-def forward_flops(cfg: ModelConfig, tgt_vocab: int, src_len: torch.Tensor,
-                  tgt_len: torch.Tensor) -> float:
-    """Forward matmul FLOPs for pairs of real lengths src_len, tgt_len (the module docstring's
-    formula)."""
-    d, f, layers = cfg.d_model, cfg.d_ff, cfg.layers
-    s, t = src_len.double(), tgt_len.double()
-    encoder = s * (8 * d * d + 4 * d * f) + 4 * d * s * s
-    decoder = (t * (8 * d * d + 4 * d * f) + 2 * d * t * (t + 1)
-               + t * 4 * d * d + s * 4 * d * d + 4 * d * t * s)
-    projection = 2 * d * tgt_vocab * t
-    return float((layers * (encoder + decoder) + projection).sum())
-
-
 # --------------------------------------------------------------------------- training
 
 @dataclass
@@ -202,7 +139,7 @@ class TrainResult:
 
 
 def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelConfig,
-                   device: torch.device, probe: GemmProbe, dist_info: DistInfo) -> TrainResult:
+                   device: torch.device, probe: MatmulProbe, dist_info: DistInfo) -> TrainResult:
     train_cfg = TrainConfig(batch_tokens=args.batch_tokens, seed=args.seed,
                             num_workers=args.num_workers, warmup_steps=4000,
                             recompute=args.recompute)
@@ -230,7 +167,7 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
         _, _, tokens = trainer.train_step([batch])
         src_len = (batch.src != src_codec.pad_id).sum(dim=1)
         tgt_len = (batch.tgt_out != tgt_codec.pad_id).sum(dim=1)
-        flops = 3 * forward_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
+        flops = training_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
         return tokens, sum_across_ranks(flops, device)
 
     for _ in range(args.warmup_steps):
@@ -383,7 +320,7 @@ def run(args: argparse.Namespace) -> dict:
     model_cfg = model_config(args)
     vocab = {"src": corpus.src_codec.vocab_size, "tgt": corpus.tgt_codec.vocab_size}
     gemm_size = args.gemm_size or (8192 if device.type == "cuda" else 2048)
-    probe = GemmProbe(device, gemm_size)
+    probe = MatmulProbe(device, gemm_size)
     train = bench_training(args, corpus, model_cfg, device, probe, dist_info)
     # Decoding is not data-parallel in tmt: under torchrun only training is measured.
     decode = {} if dist_info.enabled else bench_decoding(args, corpus, model_cfg, device)

@@ -1,0 +1,82 @@
+"""FLOP accounting for the Transformer, and a probe of the device's matrix-multiply rate, so that
+training and the benchmark can report model FLOPs utilisation (MFU), as nanoGPT's `estimate_mfu`.
+
+Model FLOPs (forward; a pair with S real source positions [SOS] src [EOS] and T real target
+positions; d = d_model, f = d_ff, L = layers, V = target vocabulary; a matmul of (m×k)·(k×n) is
+2mkn FLOPs; padding is not counted, so padding lowers MFU):
+    encoder, per layer   S·(8d² + 4df) + 4d·S²          W_q,W_k,W_v,W_o; FFN; QKᵀ and AV (S keys)
+    decoder, per layer   T·(8d² + 4df) + 2d·T(T+1)      self-attention (position i sees i+1 keys);
+                         + T·4d² + S·4d² + 4d·T·S       cross: W_q,W_o per target, W_k,W_v per source
+    projection           2dV·T
+Training = 3 × forward (the backward pass computes two matmuls per forward matmul). Dividing by
+the real target tokens attributes the encoder's work to the target tokens of its sentence.
+
+The reference rate is measured, not taken from a data sheet: on a shared CPU the achievable rate
+moves with the load, so the probe runs in short bursts between the measured steps and both see
+the same machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..config import ModelConfig
+
+
+def forward_flops(cfg: ModelConfig, tgt_vocab: int, src_len: torch.Tensor,
+                  tgt_len: torch.Tensor) -> float:
+    """Forward matmul FLOPs for pairs of real lengths `src_len`, `tgt_len` (the formula above)."""
+    d, f, layers = cfg.d_model, cfg.d_ff, cfg.layers
+    s, t = src_len.double(), tgt_len.double()
+    encoder = s * (8 * d * d + 4 * d * f) + 4 * d * s * s
+    decoder = (t * (8 * d * d + 4 * d * f) + 2 * d * t * (t + 1)
+               + t * 4 * d * d + s * 4 * d * d + 4 * d * t * s)
+    projection = 2 * d * tgt_vocab * t
+    return float((layers * (encoder + decoder) + projection).sum())
+
+
+def training_flops(cfg: ModelConfig, tgt_vocab: int, src_len: torch.Tensor,
+                   tgt_len: torch.Tensor) -> float:
+    """Forward and backward FLOPs of one training step on these pairs."""
+    return 3 * forward_flops(cfg, tgt_vocab, src_len, tgt_len)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+class MatmulProbe:
+    """The device's matrix-multiply rate, sampled in bursts: fp32 on CPU, bf16 on CUDA (what
+    autocast runs the model's matmuls in there)."""
+
+    def __init__(self, device: torch.device, size: int):
+        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.device = device
+        self.a = torch.randn(size, size, device=device, dtype=self.dtype)
+        self.b = torch.randn(size, size, device=device, dtype=self.dtype)
+        self.flops_per_call = 2 * size ** 3
+        self.flops = self.seconds = 0.0
+        self.sample(0.0)                 # warm-up, not counted
+
+    def sample(self, seconds: float) -> None:
+        """Multiply for at least `seconds` (one call at least) and add it to the rate."""
+        _sync(self.device)
+        start = time.perf_counter()
+        calls = 0
+        while True:
+            torch.mm(self.a, self.b)
+            calls += 1
+            _sync(self.device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        if seconds > 0:
+            self.flops += calls * self.flops_per_call
+            self.seconds += elapsed
+
+    @property
+    def gflops(self) -> float:
+        return self.flops / self.seconds / 1e9 if self.seconds else float("nan")
