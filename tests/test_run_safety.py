@@ -12,9 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -116,6 +116,13 @@ def random_files(ctx: Ctx) -> list[str]:
     return ctx.train()
 
 
+def lock_linked_to_user_file(ctx: Ctx) -> list[str]:
+    ctx.run.mkdir()
+    (ctx.case / "diary.txt").write_text("dear diary\n")
+    (ctx.run / ".tmt-lock").symlink_to(ctx.case / "diary.txt")
+    return ctx.train()
+
+
 def run_dir_is_a_file(ctx: Ctx) -> list[str]:
     ctx.run.write_text("not a directory\n")
     return ctx.train()
@@ -123,7 +130,8 @@ def run_dir_is_a_file(ctx: Ctx) -> list[str]:
 
 def run_dir_under_a_file(ctx: Ctx) -> list[str]:
     (ctx.case / "file.txt").write_text("x\n")
-    return ["train", "--config", str(ctx.env.config), "--run-dir", str(ctx.case / "file.txt" / "run")]
+    return ["train", "--config", str(ctx.env.config), "--run-dir",
+            str(ctx.case / "file.txt" / "run")]
 
 
 def name_set_to(value: str) -> Callable[[Ctx], list[str]]:
@@ -296,6 +304,7 @@ CASES = [
          NOT_TMT),
     Case("folder-named-like-staging", user_folder(".staging", "x", b"x"), 1, NOT_TMT),
     Case("random-files", random_files, 1, NOT_TMT),
+    Case("lock-file-linked-to-a-user-file", lock_linked_to_user_file, 1, NOT_TMT),
     Case("run-dir-is-a-file", run_dir_is_a_file, 1, "is a file, not a run directory"),
     Case("run-dir-under-a-file", run_dir_under_a_file, 1, "cannot write to the run directory"),
     Case("name-parent", name_set_to("../escaped"), 2, "name: must be a plain folder name",

@@ -41,7 +41,8 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
     """Create the run's split and tokenizers unless it has them (its run.json says so).
 
     Everything is written to a staging folder first and moved into place, run.json last, so a run
-    killed half-way through leaves only tmt-named partial state, which the next start removes."""
+    killed half-way through leaves only tmt-named partial state, which the next start removes
+    (or completes, once run.json is staged)."""
     if run.marker.is_file():
         return
     identity = fingerprint(cfg)       # the corpus as it is now, before it is read

@@ -25,9 +25,10 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from . import __version__
 from .config import Config
@@ -116,8 +117,9 @@ def read_marker(run: RunDir) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise TmtError(f"{run.marker} is damaged ({exc}); it records how the run's split was "
-                       f"made: restore it from a backup or start a new run with --run-dir") from None
+        raise TmtError(f"{run.marker} is damaged ({exc}); it records how the run's split "
+                       f"was made: restore it from a backup or start a new run with --run-dir"
+                       ) from None
     if not isinstance(marker, dict) or not isinstance(marker.get("fingerprint"), dict):
         raise TmtError(f"{run.marker} is not a tmt run marker; restore it from a backup or start "
                        f"a new run with --run-dir")
@@ -155,7 +157,8 @@ def _partial_state_names(run: RunDir) -> set[str]:
     """The entries of a run directory that an interrupted preparation leaves: the lock and the
     staging folder, and, once the staging folder holds run.json (preparation finished, moving
     into place interrupted), what was already moved out of it."""
-    names = {LOCK, STAGING}
+    # Links are never tmt's: through them, tmt would write or delete elsewhere.
+    names = {name for name in (LOCK, STAGING) if not (run.path / name).is_symlink()}
     if (run.staging / MARKER).is_file():
         names.update(name for name in STAGED if not (run.staging / name).exists())
     return names
@@ -218,7 +221,7 @@ def writer_lock(run: RunDir) -> Iterator[None]:
     file while another process still holds the old one."""
     try:
         run.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(run.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(run.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise TmtError(f"cannot write to the run directory {run.path} ({exc.strerror}); choose "
                        f"another with --run-dir") from None
