@@ -197,8 +197,16 @@ def resume_after(change: Callable[[Ctx], None], *extra: str) -> Callable[[Ctx], 
     return setup
 
 
-def without_tokenizers(ctx: Ctx) -> None:
+def without_tokenizers_corpus_rewritten(ctx: Ctx) -> None:
+    """Splitting and tokenizing the corpus again would now give other vocabularies."""
     shutil.rmtree(ctx.run / "tokenizers")
+    original, stat = ctx.env.corpus.read_bytes(), ctx.env.corpus.stat()
+    write_tsv(ctx.env.corpus, sample_pairs(600, seed=2))
+
+    def restore() -> None:
+        ctx.env.corpus.write_bytes(original)
+        os.utime(ctx.env.corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    ctx.cleanups.append(restore)
 
 
 def corrupt_tokenizer(ctx: Ctx) -> None:
@@ -336,7 +344,7 @@ CASES = [
     Case("prepared-corpus-changed", prepared_then_corpus_changed, 1, "the corpus changed"),
     Case("damaged-run-json", damaged_marker, 1, "run.json is damaged"),
     Case("fresh-start-over-a-run", finished_run, 1, "pass --resume"),
-    Case("resume-tokenizers-missing", resume_after(without_tokenizers), 0,
+    Case("resume-tokenizers-missing", resume_after(without_tokenizers_corpus_rewritten), 0,
          check=tokenizers_restored),
     Case("resume-tokenizer-corrupt", resume_after(corrupt_tokenizer), 1,
          "tgt.json is damaged"),
@@ -424,9 +432,9 @@ class Outcome:
     stderr: str
 
 
-def _race(args: list[str]) -> tuple[Outcome, Outcome]:
+def _race(args: list[str], cwd: Path) -> tuple[Outcome, Outcome]:
     """Start two identical `tmt` commands at once; (the one that succeeded, the other)."""
-    processes = [subprocess.Popen([sys.executable, "-m", "transformer_mt", *args],
+    processes = [subprocess.Popen([sys.executable, "-m", "transformer_mt", *args], cwd=cwd,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for _ in range(2)]
     done = [Outcome(p.pid, p.returncode, p.communicate(timeout=300)[1]) for p in processes]
@@ -444,7 +452,8 @@ def _assert_stopped_by(loser: Outcome, winner: Outcome, run: Path) -> None:
 
 def test_two_fresh_starts_on_one_run_one_trains_as_if_alone(env: Env, tmp_path: Path):
     run = tmp_path / "run"
-    winner, loser = _race(["train", "--config", str(env.config), "--run-dir", str(run)])
+    winner, loser = _race(["train", "--config", str(env.config), "--run-dir", str(run)],
+                          tmp_path)
     _assert_stopped_by(loser, winner, run)
     _assert_same_model(run, env.template)
 
@@ -454,7 +463,7 @@ def test_two_resumes_of_one_run_one_continues_as_if_alone(env: Env, tmp_path: Pa
     shutil.copytree(env.template, alone)
     shutil.copytree(env.template, run)
     resume = ["train", "--config", str(env.config), "--resume", "--max-steps", str(STEPS + 2)]
-    winner, loser = _race([*resume, "--run-dir", str(run)])
+    winner, loser = _race([*resume, "--run-dir", str(run)], tmp_path)
     _assert_stopped_by(loser, winner, run)
     result = run_tmt(*resume, "--run-dir", str(alone))
     assert result.returncode == 0, result.stderr
