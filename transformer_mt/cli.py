@@ -152,6 +152,12 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
                         cfg.tokenizer.joint)
     if state is not None:
         check_fits(state, model, run.last)
+    model.to(device)
+    if info.rank:
+        torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
+    trainer = Trainer(cfg, run, data, model, device, info)
+    if state is not None:
+        trainer.load_state_dict(state)      # refuses a checkpoint of another process count
     # Accepted: only now are the run's log and config written.
     if info.is_main:
         remove_partial_writes(run.checkpoints)
@@ -159,12 +165,7 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
         save_config(cfg, run.config)
         for change in changes:
             log.info(change)
-    model.to(device)
-    if info.rank:
-        torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
-    trainer = Trainer(cfg, run, data, model, device, info)
     if state is not None:
-        trainer.load_state_dict(state)
         log.info("resumed %s at step %d (epoch %d)", run.path, trainer.step, trainer.epoch)
     log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s%s; run %s",
              f"{count_parameters(model):,}", cfg.model.d_model, cfg.model.layers,
