@@ -86,8 +86,18 @@ class Ctx:
         self.run.mkdir(exist_ok=True)
         self.holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(self.run / ".tmt-lock")],
                                        stdout=subprocess.PIPE, text=True)
+        self.cleanups.append(self._stop_holder)
         assert self.holder.stdout.readline().strip() == "locked"
-        self.cleanups.append(self.holder.kill)
+
+    def _stop_holder(self) -> None:
+        self.holder.kill()
+        self.holder.wait()
+        self.holder.stdout.close()
+
+    def undo(self) -> None:
+        """Put back what the setup changed outside the case folder; stop helper processes."""
+        for cleanup in reversed(self.cleanups):
+            cleanup()
 
 
 HOLDER = """import fcntl, os, sys, time
@@ -393,8 +403,7 @@ def test_hostile_run_directory(case: Case, env: Env, tmp_path: Path):
         result = run_tmt(*args, cwd=tmp_path)
         after = tree_hashes(ctx)
     finally:
-        for cleanup in reversed(ctx.cleanups):
-            cleanup()
+        ctx.undo()
     assert result.returncode == case.code, result.stderr
     may_change = case.may_change + (TRAINING_OUTPUTS if case.code == 0 else ("run/.tmt-lock",))
     changed = sorted(path for path, digest in before.items() if after.get(path) != digest
@@ -479,6 +488,6 @@ def test_a_run_being_trained_stays_readable(env: Env, tmp_path: Path):
         info = run_tmt("info", "--run", str(ctx.run))
         translated = run_tmt("translate", "--run", str(ctx.run), "--checkpoint", "last", "Hello.")
     finally:
-        ctx.holder.kill()
+        ctx.undo()
     assert info.returncode == 0 and "trained: 3 steps" in info.stdout, info.stderr
     assert translated.returncode == 0 and translated.stdout.count("\n") == 1, translated.stderr
