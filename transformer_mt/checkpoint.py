@@ -20,8 +20,6 @@ import torch
 
 from .errors import TmtError
 
-LAST, BEST = "last.pt", "best.pt"
-
 
 def atomic_save(obj: dict, path: Path) -> int:
     """Write to a temporary file in the same directory, fsync, then rename over `path`.
@@ -51,8 +49,9 @@ def atomic_save(obj: dict, path: Path) -> int:
 
 
 def remove_partial_writes(directory: Path) -> None:
-    """Delete temporary files that a killed process left behind mid-write (never read)."""
-    for leftover in directory.glob(".*.tmp"):
+    """Delete temporary files that a killed process left behind mid-write (never read): only
+    names that atomic_save makes (.NAME.pt.RANDOM.tmp), never another file in the folder."""
+    for leftover in directory.glob(".*.pt.*.tmp"):
         leftover.unlink(missing_ok=True)
 
 
@@ -78,6 +77,25 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise TmtError(f"{path}: not a tmt checkpoint (no model/config entries)")
     return state
+
+
+def check_fits(state: dict, model: torch.nn.Module, path: Path) -> None:
+    """Refuse a checkpoint whose parameters do not fit `model` (names and shapes), before
+    load_state_dict, whose error would be a traceback of every mismatch."""
+    expected = model.state_dict()
+    saved = state["model"] if isinstance(state.get("model"), dict) else {}
+    advice = ("it was trained with another vocabulary or model settings, in another run; "
+              "resume it in its own run directory")
+    for name in sorted(set(expected) | set(saved)):
+        if name not in saved or name not in expected:
+            what = (f"it lacks parameter {name}" if name not in saved else
+                    f"it holds parameter {name}, which this model does not have")
+            raise TmtError(f"{path} does not fit this run's model: {what}; {advice}")
+        found = tuple(getattr(saved[name], "shape", ()))
+        if found != tuple(expected[name].shape):
+            raise TmtError(f"{path} does not fit this run's model: {name} has shape "
+                           f"{list(found)} in the checkpoint, {list(expected[name].shape)} here; "
+                           f"{advice}")
 
 
 def rng_state() -> dict:

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import json
 import logging
+import logging.handlers
 import os
 import random
 import sys
@@ -29,19 +30,31 @@ class _TqdmHandler(logging.Handler):
         tqdm.write(self.format(record), file=sys.stderr)
 
 
-def setup_logging(level: int = logging.INFO, log_file: Path | None = None,
-                  prefix: str = "tmt") -> None:
+def setup_logging(level: int = logging.INFO, prefix: str = "tmt",
+                  hold_for_file: bool = False) -> None:
+    """Log to stderr; with `hold_for_file`, also keep the records in memory until
+    `log_to_file` names the file they belong in (a refused start writes no log file)."""
     log.handlers.clear()
     log.setLevel(logging.INFO)
     console = _TqdmHandler()
     console.setLevel(level)
     console.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
     log.addHandler(console)
-    if log_file is not None:
-        handler = logging.FileHandler(log_file, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(handler)
+    if hold_for_file:
+        log.addHandler(logging.handlers.MemoryHandler(capacity=1 << 20,
+                                                      flushLevel=logging.CRITICAL + 1))
     log.propagate = False
+
+
+def log_to_file(log_file: Path) -> None:
+    """Append the held records, and all later ones, to `log_file`."""
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    for held in [h for h in log.handlers if isinstance(h, logging.handlers.MemoryHandler)]:
+        held.setTarget(handler)
+        held.flush()
+        log.removeHandler(held)
+    log.addHandler(handler)
 
 
 # --------------------------------------------------------------------------- train
@@ -63,7 +76,7 @@ def _load_train_config(args: argparse.Namespace):
     else:
         raise TmtError("pass --config FILE (or --resume with --run-dir DIR to continue a run "
                        "with its saved config)")
-    from .run import RunDir
+    from .rundir import RunDir
     run = RunDir(Path(args.run_dir) if args.run_dir else Path(cfg.runs_dir) / cfg.name)
     return cfg, run
 
@@ -93,48 +106,45 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(args)
     cfg, run = _load_train_config(args)
-    from .distributed import init_distributed, shutdown
+    from .rundir import claim_for_training
 
-    info, device_name = init_distributed(cfg.train.device)
-    try:
-        return _train(cfg, run, args.resume, info, device_name)
-    finally:
-        shutdown()
+    # Rank 0 alone writes the run (torchrun's other ranks only read it). It checks the directory
+    # and takes the run's lock before torch loads, so a second writer is stopped at once.
+    is_main = os.environ.get("RANK", "0") == "0"
+    with claim_for_training(cfg, run, args.resume) if is_main else contextlib.nullcontext():
+        from .distributed import init_distributed, shutdown
+
+        info, device_name = init_distributed(cfg.train.device)
+        try:
+            return _train(cfg, run, args.resume, info, device_name)
+        finally:
+            shutdown()
 
 
 def _train(cfg, run, resume: bool, info, device_name: str) -> int:
     import torch
 
-    from .checkpoint import load_checkpoint, remove_partial_writes
+    from .checkpoint import check_fits, load_checkpoint, remove_partial_writes
     from .config import save_config
     from .device import pick_device
     from .distributed import barrier
     from .model import build_model, count_parameters
     from .resume import check_resume_config
-    from .run import load_data, prepare_data
+    from .run import load_data, prepare_data, restore_tokenizers
     from .training import Trainer
 
-    state = None
+    state, changes = None, []
     if resume:
-        if not run.last.is_file():
-            raise TmtError(f"nothing to resume: no checkpoint {run.last}; start the run without "
-                           f"--resume")
         state = load_checkpoint(run.last)
-        cfg = check_resume_config(cfg, state, log)
+        changes = check_resume_config(cfg, state)
         max_steps = cfg.train.max_steps
         if max_steps is not None and state["step"] >= max_steps:
             if info.is_main:
                 print(f"tmt: {run.path} already reached step {state['step']} (train.max_steps="
                       f"{max_steps}); pass a larger --max-steps to continue", file=sys.stderr)
             return 0
-    elif run.last.is_file():
-        raise TmtError(f"{run.path} already holds a run (checkpoints/last.pt); pass --resume to "
-                       f"continue it or --run-dir NEW_DIR to start another")
     if info.is_main:
-        run.ensure_writable()
-        remove_partial_writes(run.checkpoints)
-        setup_logging(log_file=run.path / "train.log")
-        save_config(cfg, run.config)
+        setup_logging(hold_for_file=True)
     else:
         setup_logging(logging.WARNING, prefix=f"tmt[rank {info.rank}]")
     if cfg.train.threads:
@@ -142,21 +152,35 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
     device = pick_device(device_name)
     _seed_everything(cfg.train.seed)
     # Rank 0 alone writes the split, the tokenizers and the encoded-ids cache; the other ranks
-    # wait, then read the very same files (no races, one split for all).
+    # wait, then read the very same files (no races, one split for all). A resume never
+    # prepares: the run's split and tokenizers are its identity.
     if info.is_main:
-        prepare_data(cfg, run)
+        if resume:
+            restore_tokenizers(run, state)
+        else:
+            prepare_data(cfg, run)
         data = load_data(run)
     barrier()
     if not info.is_main:
         data = load_data(run)
     model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size,
                         cfg.tokenizer.joint)
+    if state is not None:
+        check_fits(state, model, run.last)
     model.to(device)
     if info.rank:
         torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
     trainer = Trainer(cfg, run, data, model, device, info)
     if state is not None:
-        trainer.load_state_dict(state)
+        trainer.load_state_dict(state)      # refuses a checkpoint of another process count
+    # Accepted: only now are the run's log and config written.
+    if info.is_main:
+        remove_partial_writes(run.checkpoints)
+        log_to_file(run.path / "train.log")
+        save_config(cfg, run.config)
+        for change in changes:
+            log.info(change)
+    if state is not None:
         log.info("resumed %s at step %d (epoch %d)", run.path, trainer.step, trainer.epoch)
     log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s%s; run %s",
              f"{count_parameters(model):,}", cfg.model.d_model, cfg.model.layers,

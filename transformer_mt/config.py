@@ -245,6 +245,11 @@ def _build_section(name: str, cls: type, raw: Any) -> Any:
 
 def _check_consistency(cfg: Config) -> None:
     m, d = cfg.model, cfg.data
+    # The run goes to runs_dir/name: a path in `name` could point it anywhere.
+    if cfg.name.strip() in ("", ".", "..") or any(c in cfg.name for c in "/\\\0"):
+        raise ConfigError(f"name: must be a plain folder name (the run goes to "
+                          f"{cfg.runs_dir}/<name>; use --run-dir for another place), got "
+                          f"{cfg.name!r}")
     if m.d_model % m.heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.heads "
                           f"({m.heads})")

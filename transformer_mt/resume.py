@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from .config import Config, config_from_dict
 from .errors import TmtError
 
@@ -27,8 +25,9 @@ def _is_fixed(key: str) -> bool:
     return section in FIXED_SECTIONS or (section == "model" and name in FIXED_MODEL_KEYS)
 
 
-def check_resume_config(cfg: Config, state: dict, log: logging.Logger) -> Config:
-    """Refuse changes to fixed keys (naming them); log the accepted ones. Returns `cfg`."""
+def check_resume_config(cfg: Config, state: dict) -> list[str]:
+    """Refuse changes to fixed keys (naming them). Returns the accepted changes, described for
+    the log (written once the resume is accepted)."""
     saved = _flatten(config_from_dict(state["config"], "checkpoint").to_dict())
     new = _flatten(cfg.to_dict())
     changed = sorted(k for k in new if k not in ("name", "runs_dir") and saved.get(k) != new[k])
@@ -37,6 +36,4 @@ def check_resume_config(cfg: Config, state: dict, log: logging.Logger) -> Config
         details = ", ".join(f"{k} ({saved.get(k)!r} -> {new[k]!r})" for k in refused)
         raise TmtError(f"cannot resume: the config changes what the checkpoint was trained with: "
                        f"{details}; restore them or start a new run with --run-dir")
-    for key in changed:
-        log.info("resume: %s changed from %r to %r", key, saved.get(key), new[key])
-    return cfg
+    return [f"resume: {key} changed from {saved.get(key)!r} to {new[key]!r}" for key in changed]
