@@ -93,7 +93,7 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
     if run.data.is_dir() and (run.tokenizers / "tgt.json").is_file():
         return
     splits = prepare_splits(cfg.data)
-    log.info("split: %d train, %d valid, %d test pairs (no source sentence in two splits)",
+    log.info("split: %d train, %d valid, %d test pairs (no sentence in two splits)",
              len(splits.train), len(splits.valid), len(splits.test))
     staging = run.path / ".staging"
     shutil.rmtree(staging, ignore_errors=True)
