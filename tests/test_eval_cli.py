@@ -72,8 +72,9 @@ def test_evaluate_on_the_test_split_agrees_with_sacrebleu(bpe_run, tmt):
     assert code == 0
     report = json.loads(out)
     for key in ("bleu", "chrf", "signature", "sentences", "checkpoint", "seconds",
-                "sentences_per_s", "decoding"):
+                "sentences_per_s", "decoding", "unknown_source_tokens", "outputs_with_unk"):
         assert key in report, key
+    assert report["replace_unk"] is False             # off by default for subword vocabularies
     hypotheses = (bpe_run / "eval" / "test.best.beam1.hyp").read_text().splitlines()
     assert json.loads((bpe_run / "eval" / "test.best.beam1.json").read_text()) == report
     references = load_from_disk(str(bpe_run / "data" / "test"))["tgt"]

@@ -166,7 +166,7 @@ def _load_translator(args: argparse.Namespace, checkpoint: Path):
                                                      and args.batch_tokens < 1):
         raise TmtError("--beam and --batch-tokens must be at least 1")
     changes = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
-    translator = Translator.from_checkpoint(checkpoint, args.device, **changes)
+    translator = Translator.from_checkpoint(checkpoint, args.device, args.replace_unk, **changes)
     beam = args.beam if args.beam is not None else translator.decode_cfg.beam_size
     return translator, beam
 
@@ -390,6 +390,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-tokens", type=int, metavar="N", help="at most N padded source "
                         "tokens per decoding batch (default: decode.batch_tokens)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
+    parser.add_argument("--replace-unk", action=argparse.BooleanOptionalAction,
+                        help="write each [UNK] of the output as the source word it attends to "
+                        "most (default: on for word-level vocabularies, off for BPE)")
 
 
 def main(argv: list[str] | None = None) -> int:

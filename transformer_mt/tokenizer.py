@@ -72,15 +72,37 @@ class TextCodec:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Text for ids, stopping at [EOS]; [SOS] and [PAD] dropped, [UNK] kept visible."""
-        kept = []
-        for i in ids:
+    def encode_with_pieces(self, text: str) -> tuple[list[int], list[str]]:
+        """Ids and, for each, the text it was made from, marked with ▁ where a space (or the
+        start of the text) preceded it, as the tokenizer marks words: a piece that can stand in
+        the output for an [UNK] (`decode`'s `unk_pieces`)."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        pieces = []
+        for start, end in encoding.offsets:
+            piece = text[start:end]
+            if start == 0 or piece.startswith(" "):
+                piece = SPACE_MARKER + piece.lstrip(" ")
+            pieces.append(piece)
+        return encoding.ids, pieces
+
+    @property
+    def word_level(self) -> bool:
+        return isinstance(self.tokenizer.model, models.WordLevel)
+
+    def decode(self, ids: Iterable[int], unk_pieces: dict[int, str] | None = None) -> str:
+        """Text for ids, stopping at [EOS]; [SOS] and [PAD] dropped. An [UNK] at position i of
+        `ids` is written as `unk_pieces[i]` when given, else kept visible as [UNK]."""
+        pieces = []
+        for position, i in enumerate(ids):
             if i == self.eos_id:
                 break
-            if i not in (self.sos_id, self.pad_id):
-                kept.append(i)
-        return self.tokenizer.decode(kept, skip_special_tokens=False)
+            if i in (self.sos_id, self.pad_id):
+                continue
+            if unk_pieces and position in unk_pieces:
+                pieces.append(unk_pieces[position])
+            else:
+                pieces.append(self.tokenizer.id_to_token(i))
+        return self.tokenizer.decoder.decode(pieces)
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.tokenizer.id_to_token(i) for i in ids]
