@@ -83,6 +83,22 @@ def test_evaluate_on_the_test_split_agrees_with_sacrebleu(bpe_run, tmt):
     assert report["bleu"] == pytest.approx(expected, abs=0.01)
 
 
+def test_evaluate_unseen_scores_the_sets_beside_the_test_split(bpe_run, tmt):
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--unseen", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert set(report["unseen"]) == {"rare_words", "names"}
+    test_sources = set(load_from_disk(str(bpe_run / "data" / "test"))["src"])
+    rare = (bpe_run / "eval" / "unseen" / "rare_words.src").read_text().splitlines()
+    assert set(rare) <= test_sources               # a subset of the test split, as it is
+    for scores in report["unseen"].values():
+        if scores["sentences"]:
+            assert 0 <= scores["bleu"] <= 100
+            assert len(open(scores["hypotheses"]).read().splitlines()) == scores["sentences"]
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--unseen")
+    assert code == 0 and "rare_words: BLEU" in out and "names: BLEU" in out
+
+
 def test_evaluate_files_with_beam_and_batch_tokens(bpe_run, tmp_path, tmt):
     src, ref = tmp_path / "t.en", tmp_path / "t.it"
     src.write_text("\n".join(SENTENCES) + "\n")
