@@ -47,14 +47,15 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TokenizerConfig:
-    type: str = _spec("word", choices=("word", "bpe"))
+    type: str = _spec("word", choices=("word", "bpe", "unigram"))
     min_frequency: int = _spec(2, low=1)
     max_vocab: Optional[int] = _spec(None, low=8)
 
     @property
     def joint(self) -> bool:
-        """One vocabulary for both languages (BPE), so all embeddings can be one matrix."""
-        return self.type == "bpe"
+        """One vocabulary for both languages (subwords: BPE or unigram), so all embeddings can
+        be one matrix."""
+        return self.type in ("bpe", "unigram")
 
 
 @dataclass(frozen=True)
@@ -207,14 +208,15 @@ def _check_consistency(cfg: Config) -> None:
         raise ConfigError(f"data.path is required when data.source is '{d.source}'")
     if d.source == "text" and not (d.src_path and d.tgt_path):
         raise ConfigError("data.src_path and data.tgt_path are required when data.source is 'text'")
-    if cfg.tokenizer.type == "bpe":
+    if cfg.tokenizer.joint:
+        kind = cfg.tokenizer.type
         if cfg.tokenizer.max_vocab is None:
-            raise ConfigError("tokenizer.max_vocab is required when tokenizer.type is 'bpe': it "
-                              "is the size of the joint subword vocabulary, e.g. 8000")
+            raise ConfigError(f"tokenizer.max_vocab is required when tokenizer.type is '{kind}': "
+                              f"it is the size of the joint subword vocabulary, e.g. 8000")
         if not m.tie_embeddings:
-            raise ConfigError("tokenizer.type 'bpe' shares one vocabulary between the languages: "
-                              "set model.tie_embeddings: true (source, target and output "
-                              "embeddings become one matrix)")
+            raise ConfigError(f"tokenizer.type '{kind}' shares one vocabulary between the "
+                              "languages: set model.tie_embeddings: true (source, target and "
+                              "output embeddings become one matrix)")
     if len(cfg.train.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.train.adam_betas):
         raise ConfigError(f"train.adam_betas: must be two numbers in [0, 1), "
                           f"got {list(cfg.train.adam_betas)}")

@@ -107,7 +107,8 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
         codec = TextCodec(train_tokenizer(both_sides, cfg.tokenizer))
         for side in ("src", "tgt"):
             codec.save(staging / "tokenizers" / f"{side}.json")
-        log.info("joint BPE tokenizer: %d subwords (trained on both sides)", codec.vocab_size)
+        log.info("joint %s tokenizer: %d subwords (trained on both sides)", cfg.tokenizer.type,
+                 codec.vocab_size)
     else:
         for side in ("src", "tgt"):
             codec = TextCodec(train_tokenizer(splits.train[side], cfg.tokenizer))

@@ -1,11 +1,11 @@
-"""Word-level and BPE tokenizers built with Hugging Face `tokenizers`, with lossless
+"""Word-level, BPE and unigram tokenizers built with Hugging Face `tokenizers`, with lossless
 detokenization.
 
 Words are split on spaces and punctuation. Each word that followed a space carries the marker
 `▁` (as in SentencePiece), so decoding knows where the spaces were: `decode(encode(s)) == s` for
 any whitespace-normalised text whose words are all in the vocabulary (`l'uomo`, `"quoted"`, 3.5).
-BPE splits those same words further into subwords; its pieces are joined back without spaces, so
-the round trip holds for any text whose characters were seen in training.
+BPE and unigram split those same words further into subwords; their pieces are joined back without
+spaces, so the round trip holds for any text whose characters were seen in training.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
-    """Train a word-level or BPE tokenizer (`cfg.type`) whose ids 0..3 are [UNK] [PAD] [SOS]
-    [EOS]. For a joint BPE vocabulary, pass the sentences of both languages."""
+    """Train a word-level, BPE or unigram tokenizer (`cfg.type`) whose ids 0..3 are [UNK] [PAD]
+    [SOS] [EOS]. For a joint subword vocabulary, pass the sentences of both languages."""
     options = {"special_tokens": SPECIAL_TOKENS, "min_frequency": cfg.min_frequency,
                "show_progress": False}
     if cfg.max_vocab is not None:
@@ -45,6 +45,12 @@ def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer
     if cfg.type == "bpe":
         tokenizer = _with_word_splitting(Tokenizer(models.BPE(unk_token=UNK)))
         trainer = trainers.BpeTrainer(**options)
+    elif cfg.type == "unigram":
+        # SentencePiece's unigram language model over the same words; it has no frequency
+        # threshold (rare pieces are pruned by likelihood instead).
+        del options["min_frequency"]
+        tokenizer = _with_word_splitting(Tokenizer(models.Unigram()))
+        trainer = trainers.UnigramTrainer(unk_token=UNK, **options)
     else:
         tokenizer = _with_word_splitting(Tokenizer(models.WordLevel(unk_token=UNK)))
         trainer = trainers.WordLevelTrainer(**options)
