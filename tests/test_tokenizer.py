@@ -91,3 +91,9 @@ def test_subwords_spell_unseen_words_in_known_pieces(kind):
     ids = codec.encode("cose")        # never seen as a word, but its letters were
     assert codec.unk_id not in ids and len(ids) > 1
     assert codec.decode(ids) == "cose"
+
+
+def test_an_uncapped_word_vocabulary_keeps_every_word():
+    words = [f"w{i}" for i in range(30_500)]           # beyond the trainer's default 30,000
+    codec = TextCodec(train_tokenizer([" ".join(words)], TokenizerConfig(min_frequency=1)))
+    assert codec.vocab_size == len(words) + len(SPECIAL_TOKENS)

@@ -21,6 +21,7 @@ from .errors import TmtError
 UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
 SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
 SPACE_MARKER = "▁"
+NO_CAP = 2**31 - 1
 
 
 def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
@@ -40,8 +41,8 @@ def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer
     [SOS] [EOS]. For a joint subword vocabulary, pass the sentences of both languages."""
     options = {"special_tokens": SPECIAL_TOKENS, "min_frequency": cfg.min_frequency,
                "show_progress": False}
-    if cfg.max_vocab is not None:
-        options["vocab_size"] = cfg.max_vocab
+    # No cap means no cap: the trainers' own default would cut at 30,000 entries.
+    options["vocab_size"] = cfg.max_vocab if cfg.max_vocab is not None else NO_CAP
     if cfg.type == "bpe":
         tokenizer = _with_word_splitting(Tokenizer(models.BPE(unk_token=UNK)))
         trainer = trainers.BpeTrainer(**options)
