@@ -78,7 +78,10 @@ def test_unknown_key_names_section_and_closest_key():
     ({"tokenizer": {"type": "bpe", "max_vocab": 8000}}, r"model\.tie_embeddings: true"),
     ({"tokenizer": {"type": "bpe"}, "model": {"tie_embeddings": True}},
      r"tokenizer\.max_vocab is required"),
-    ({"tokenizer": {"type": "sentencepiece"}}, r"tokenizer\.type: must be one of word, bpe"),
+    ({"tokenizer": {"type": "unigram"}, "model": {"tie_embeddings": True}},
+     r"max_vocab is required when tokenizer\.type is 'unigram'"),
+    ({"tokenizer": {"type": "sentencepiece"}},
+     r"tokenizer\.type: must be one of word, bpe, unigram"),
 ])
 def test_invalid_values_name_key_and_expectation(raw, message):
     with pytest.raises(ConfigError, match=message):

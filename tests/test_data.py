@@ -5,8 +5,8 @@ import datasets
 import pytest
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data import clean_pairs, load_corpus, normalize_text, prepare_splits, \
-    split_by_source
+from transformer_mt.data import clean_pairs, connected_components, load_corpus, normalize_text, \
+    prepare_splits, sentence_keys, split_by_component
 from transformer_mt.errors import TmtError
 
 from conftest import sample_pairs, write_tsv
@@ -32,39 +32,71 @@ def test_a_very_long_sentence_is_filtered_not_fatal():
     assert src == ["ok"]
 
 
-def _pairs_with_variants():
-    # Like Tatoeba: one English sentence with several Italian translations.
+def _tatoeba_like_pairs():
+    """Like Tatoeba: English sentences with several Italian translations, and Italian sentences
+    that translate several English ones (so that groups chain through both languages)."""
     src, tgt = [], []
     for i in range(300):
         for variant in range(1 + i % 4):
             src.append(f"sentence {i}")
             tgt.append(f"frase {i} variante {variant}")
+        if i % 3 == 0:               # another English sentence with the same Italian one
+            src.append(f"phrase {i}")
+            tgt.append(f"frase {i} variante 0")
+        if i % 5 == 0 and i:         # chain two groups through a shared target
+            src.append(f"sentence {i}")
+            tgt.append(f"frase {i - 1} variante 0")
     return src, tgt
 
 
-def test_split_leaks_no_source_sentence_and_loses_no_pair():
-    src, tgt = _pairs_with_variants()
-    splits = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
-    sides = {name: set(ds["src"]) for name, ds in splits.items()}
-    assert not sides["train"] & sides["valid"]
-    assert not sides["train"] & sides["test"]
-    assert not sides["valid"] & sides["test"]
-    assert len(sides["valid"]) == 40 and len(sides["test"]) == 40
-    assert sum(len(ds) for _, ds in splits.items()) == len(src)
+def test_component_split_puts_no_source_or_target_sentence_in_two_splits():
+    src, tgt = _tatoeba_like_pairs()
+    splits = split_by_component(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
+    for column_name in ("src", "tgt"):
+        sides = {name: set(ds[column_name]) for name, ds in splits.items()}
+        assert not sides["train"] & sides["valid"], column_name
+        assert not sides["train"] & sides["test"], column_name
+        assert not sides["valid"] & sides["test"], column_name
+    kept = sorted(pair for _, ds in splits.items() for pair in zip(ds["src"], ds["tgt"]))
+    assert kept == sorted(zip(src, tgt))
+
+
+def test_component_split_sizes_count_distinct_source_sentences():
+    src, tgt = _tatoeba_like_pairs()
+    component = connected_components(sentence_keys(src), sentence_keys(tgt))
+    largest_sources = max(len({s for s, c in zip(src, component) if c == k})
+                          for k in set(component.tolist()))
+    splits = split_by_component(src, tgt, DataConfig(valid_size=40, test_size=30, seed=3))
+    for name, wanted in (("valid", 40), ("test", 30)):
+        distinct = len(set(getattr(splits, name)["src"]))
+        # Whole groups: at least the size asked for, over by less than the largest group.
+        assert wanted <= distinct < wanted + largest_sources, name
+
+
+def test_connected_components_join_pairs_through_either_language():
+    src = ["a", "b", "b", "c", "d", "x"]
+    tgt = ["1", "1", "2", "2", "3", "a"]   # "a" as a target is not the source "a"
+    component = connected_components(sentence_keys(src), sentence_keys(tgt)).tolist()
+    assert component[0] == component[1] == component[2] == component[3]
+    assert len({component[0], component[4], component[5]}) == 3
 
 
 def test_split_is_reproducible_and_seeded():
-    src, tgt = _pairs_with_variants()
-    a = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
-    b = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
-    c = split_by_source(src, tgt, DataConfig(valid_size=40, test_size=40, seed=4))
+    src, tgt = _tatoeba_like_pairs()
+    a = split_by_component(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
+    b = split_by_component(src, tgt, DataConfig(valid_size=40, test_size=40, seed=3))
+    c = split_by_component(src, tgt, DataConfig(valid_size=40, test_size=40, seed=4))
     assert a.valid["src"] == b.valid["src"] and a.test["tgt"] == b.test["tgt"]
     assert set(a.valid["src"]) != set(c.valid["src"])
 
 
 def test_split_refuses_a_corpus_too_small_for_the_held_out_sets():
     with pytest.raises(TmtError, match="not enough"):
-        split_by_source(["a", "b"], ["x", "y"], DataConfig(valid_size=1, test_size=1))
+        split_by_component(["a", "b"], ["x", "y"], DataConfig(valid_size=1, test_size=1))
+    # Enough source sentences, but all in too few groups to leave any for training.
+    with pytest.raises(TmtError, match="groups"):
+        split_by_component(["a", "b", "c", "d"], ["x", "x", "y", "y"],
+                           DataConfig(valid_size=1, test_size=1))
 
 
 def test_tsv_keeps_quotes_and_reports_malformed_lines(tmp_path, caplog):

@@ -72,14 +72,31 @@ def test_evaluate_on_the_test_split_agrees_with_sacrebleu(bpe_run, tmt):
     assert code == 0
     report = json.loads(out)
     for key in ("bleu", "chrf", "signature", "sentences", "checkpoint", "seconds",
-                "sentences_per_s", "decoding"):
+                "sentences_per_s", "decoding", "unknown_source_tokens", "outputs_with_unk"):
         assert key in report, key
+    assert report["replace_unk"] is False             # off by default for subword vocabularies
     hypotheses = (bpe_run / "eval" / "test.best.beam1.hyp").read_text().splitlines()
     assert json.loads((bpe_run / "eval" / "test.best.beam1.json").read_text()) == report
     references = load_from_disk(str(bpe_run / "data" / "test"))["tgt"]
     assert len(hypotheses) == len(references) == report["sentences"]
     expected = sacrebleu.corpus_bleu(hypotheses, [list(references)]).score
     assert report["bleu"] == pytest.approx(expected, abs=0.01)
+
+
+def test_evaluate_unseen_scores_the_sets_beside_the_test_split(bpe_run, tmt):
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--unseen", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert set(report["unseen"]) == {"rare_words", "names"}
+    test_sources = set(load_from_disk(str(bpe_run / "data" / "test"))["src"])
+    rare = (bpe_run / "eval" / "unseen" / "rare_words.src").read_text().splitlines()
+    assert set(rare) <= test_sources               # a subset of the test split, as it is
+    for scores in report["unseen"].values():
+        if scores["sentences"]:
+            assert 0 <= scores["bleu"] <= 100
+            assert len(open(scores["hypotheses"]).read().splitlines()) == scores["sentences"]
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--unseen")
+    assert code == 0 and "rare_words: BLEU" in out and "names: BLEU" in out
 
 
 def test_evaluate_files_with_beam_and_batch_tokens(bpe_run, tmp_path, tmt):

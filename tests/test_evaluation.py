@@ -12,6 +12,7 @@ from transformer_mt.checkpoint import atomic_save, load_checkpoint
 from transformer_mt.config import DecodeConfig
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluate import EvalSet, evaluate, file_test_set, write_outputs
+from transformer_mt.unk import UnknownCounts
 
 REFERENCES = ["Il gatto dorme sul divano.", "Dov'è la stazione?", "Amo leggere libri.",
               "Tom è mio amico."]
@@ -27,10 +28,11 @@ class FixedTranslator:
         self.decode_cfg = DecodeConfig()
         self.device = torch.device("cpu")
         self.calls: list[list[str]] = []
+        self.replace_unk = False
 
-    def translate(self, sentences, beam_size=1, alpha=0.6):
+    def translate_counting(self, sentences, beam_size=1, alpha=0.6):
         self.calls.append(list(sentences))
-        return [self.outputs[s] for s in sentences]
+        return [self.outputs[s] for s in sentences], UnknownCounts()
 
 
 def test_report_scores_agree_with_sacrebleu(tmp_path):

@@ -1,3 +1,5 @@
+import pytest
+
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.data import normalize_text
 from transformer_mt.tokenizer import SPECIAL_TOKENS, TextCodec, train_tokenizer
@@ -68,22 +70,30 @@ def test_serialisation_round_trip(tmp_path):
     assert loaded.encode(TRICKY[0]) == codec.encode(TRICKY[0])
 
 
-def _bpe(sentences, max_vocab=400):
-    return TextCodec(train_tokenizer(sentences, TokenizerConfig(type="bpe", min_frequency=1,
+def _subwords(sentences, max_vocab=400, kind="bpe"):
+    return TextCodec(train_tokenizer(sentences, TokenizerConfig(type=kind, min_frequency=1,
                                                                 max_vocab=max_vocab)))
 
 
-def test_bpe_round_trip_is_lossless_on_many_real_sentences():
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_subword_round_trip_is_lossless_on_many_real_sentences(kind):
     sentences = [normalize_text(side) for pair in sample_pairs(3000, seed=7) for side in pair]
-    codec = _bpe(sentences, max_vocab=2000)
+    codec = _subwords(sentences, max_vocab=2000, kind=kind)
     assert codec.vocab_size == 2000
     assert [codec.unk_id, codec.pad_id, codec.sos_id, codec.eos_id] == [0, 1, 2, 3]
     failures = [s for s in sentences if codec.decode(codec.encode(s)) != s]
     assert failures == []
 
 
-def test_bpe_splits_unseen_words_into_known_subwords():
-    codec = _bpe(TRICKY * 3 + ["casa case cosa costa"], max_vocab=120)
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_subwords_spell_unseen_words_in_known_pieces(kind):
+    codec = _subwords(TRICKY * 3 + ["casa case cosa costa"], max_vocab=120, kind=kind)
     ids = codec.encode("cose")        # never seen as a word, but its letters were
     assert codec.unk_id not in ids and len(ids) > 1
     assert codec.decode(ids) == "cose"
+
+
+def test_an_uncapped_word_vocabulary_keeps_every_word():
+    words = [f"w{i}" for i in range(30_500)]           # beyond the trainer's default 30,000
+    codec = TextCodec(train_tokenizer([" ".join(words)], TokenizerConfig(min_frequency=1)))
+    assert codec.vocab_size == len(words) + len(SPECIAL_TOKENS)

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .batching import causal_mask, source_tensor, src_pad_mask
+from .batching import source_tensor, src_pad_mask
 from .errors import TmtError
 from .tokenizer import EOS, SOS
 from .translator import Translator
+from .unk import last_layer_cross_attention
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,8 @@ def cross_attention(translator: Translator, sentence: str, beam_size: int = 1) -
     codec = translator.tgt_codec
     src = source_tensor([src_ids], translator.src_codec).to(translator.device)
     tgt_in = torch.tensor([[codec.sos_id, *out_ids]], device=translator.device)
-    attention = model.decoder.blocks[-1].cross_attention
-    was_training = model.training
-    model.eval()
-    attention.keep_weights = True
-    try:
-        model(src, tgt_in, src_pad_mask(src, translator.src_codec.pad_id),
-              causal_mask(tgt_in.size(1), translator.device))
-        weights = attention.last_weights[0].mean(dim=0).float().cpu().numpy()
-    finally:
-        attention.keep_weights, attention.last_weights = False, None
-        model.train(was_training)
+    weights = last_layer_cross_attention(model, src, src_pad_mask(src, translator.src_codec.pad_id),
+                                         tgt_in)[0].float().cpu().numpy()
     return Alignment([SOS, *translator.src_codec.tokens(src_ids), EOS],
                      [*codec.tokens(out_ids), EOS], weights)
 

@@ -205,7 +205,7 @@ def _load_translator(args: argparse.Namespace, checkpoint: Path):
                                                      and args.batch_tokens < 1):
         raise TmtError("--beam and --batch-tokens must be at least 1")
     changes = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
-    translator = Translator.from_checkpoint(checkpoint, args.device, **changes)
+    translator = Translator.from_checkpoint(checkpoint, args.device, args.replace_unk, **changes)
     beam = args.beam if args.beam is not None else translator.decode_cfg.beam_size
     return translator, beam
 
@@ -287,6 +287,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if bool(args.src) != bool(args.ref):
         raise TmtError("pass both --src FILE and --ref FILE (line-aligned), or neither to "
                        "evaluate on the run's test split")
+    if args.unseen and args.src:
+        raise TmtError("--unseen builds its sets from the run's test split: use it without "
+                       "--src/--ref")
     checkpoint = _checkpoint_path(args)
     if args.src:
         test = file_test_set(Path(args.src), Path(args.ref))
@@ -298,6 +301,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         test = run_test_set(run)
     translator, beam = _load_translator(args, checkpoint)
     hypotheses, report = evaluate(translator, test, beam, checkpoint)
+    if args.unseen:
+        report["unseen"] = _evaluate_unseen(run, translator, beam, checkpoint)
     hyp_path = Path(args.output) if args.output else default_output(checkpoint, test, beam)
     json_path = write_outputs(hypotheses, report, hyp_path)
     if args.json:
@@ -308,8 +313,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"{report['sentences']} sentences ({report['translated']} distinct sources) in "
               f"{report['seconds']:.1f} s, {report['sentences_per_s']:.1f} sentences/s, beam "
               f"{beam}, {checkpoint}")
+        for name, scores in report.get("unseen", {}).items():
+            print(f"{name}: BLEU {scores['bleu']:.2f}, chrF2 {scores['chrf']:.2f} on "
+                  f"{scores['sentences']} sentences ({scores['translated']} distinct sources)")
         print(f"hypotheses: {hyp_path}\nreport: {json_path}")
     return 0
+
+
+def _evaluate_unseen(run, translator, beam: int, checkpoint: Path) -> dict:
+    """Scores on the run's unseen-words sets (`transformer_mt/unseen.py`), keyed by set name."""
+    from .evaluate import default_output, evaluate, write_outputs
+    from .unseen import unseen_sets
+
+    results = {}
+    for unseen in unseen_sets(run):
+        if not unseen.sources:
+            results[unseen.name] = {"bleu": 0.0, "chrf": 0.0, "sentences": 0, "translated": 0}
+            continue
+        hypotheses, report = evaluate(translator, unseen, beam, checkpoint)
+        write_outputs(hypotheses, report, default_output(checkpoint, unseen, beam))
+        results[unseen.name] = {key: report[key] for key in (
+            "bleu", "chrf", "sentences", "translated", "unknown_source_tokens",
+            "outputs_with_unk", "hypotheses")}
+    return results
 
 
 # --------------------------------------------------------------------------- info, average
@@ -395,6 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "written beside it with the suffix .json")
     evaluate.add_argument("--json", action="store_true", help="print the report as one JSON "
                           "object on stdout")
+    evaluate.add_argument("--unseen", action="store_true", help="also score the run's "
+                          "unseen-words sets, built from its test split: pairs with a word rare "
+                          "in training, and pairs with names swapped for unseen ones")
     evaluate.set_defaults(func=cmd_evaluate)
 
     info = commands.add_parser("info", help="a run's config, model size, steps, best scores and "
@@ -431,6 +460,9 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-tokens", type=int, metavar="N", help="at most N padded source "
                         "tokens per decoding batch (default: decode.batch_tokens)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
+    parser.add_argument("--replace-unk", action=argparse.BooleanOptionalAction,
+                        help="write each [UNK] of the output as the source word it attends to "
+                        "most (default: on for word-level vocabularies, off for BPE)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,9 +51,11 @@ class DataConfig:
     max_len: int = _spec(100, "longest sentence, in words, on either side", low=1)
     long_sentences: str = _spec("filter", "filter: drop longer pairs | truncate: cut them to "
                                 "max_len words", choices=("filter", "truncate"))
-    valid_size: int = _spec(1000, "source sentences held out for validation", low=1)
-    test_size: int = _spec(1000, "source sentences held out for testing (tmt evaluate)", low=0)
-    seed: int = _spec(1234, "seed of the split (all pairs of a source sentence share a split)")
+    valid_size: int = _spec(1000, "distinct source sentences held out for validation (at least: "
+                            "whole groups of pairs that share a source or target sentence)",
+                            low=1)
+    test_size: int = _spec(1000, "the same, held out for testing (tmt evaluate)", low=0)
+    seed: int = _spec(1234, "seed of the split (no source or target sentence in two splits)")
 
 
 @dataclass(frozen=True)
@@ -61,17 +63,19 @@ class TokenizerConfig:
     type: str = _spec("word", "word: a word-level vocabulary per language, trained on the train "
                       "split | bpe: one joint subword (BPE) vocabulary for both languages, "
                       "trained on both sides of the train split; needs model.tie_embeddings: "
-                      "true", choices=("word", "bpe"))
+                      "true | unigram: as bpe, with a unigram language model of subwords",
+                      choices=("word", "bpe", "unigram"))
     min_frequency: int = _spec(2, "word: rarer words become [UNK]; bpe: rarer merges are not "
-                               "learnt", low=1)
+                               "learnt; unigram: not used", low=1)
     max_vocab: Optional[int] = _spec(None, "word: cap on each vocabulary, most frequent first "
-                                     "(null: no cap); bpe: the joint vocabulary size (required, "
-                                     "e.g. 8000)", low=8)
+                                     "(null: no cap); bpe, unigram: the joint vocabulary size "
+                                     "(required, e.g. 8000)", low=8)
 
     @property
     def joint(self) -> bool:
-        """One vocabulary for both languages (BPE), so all embeddings can be one matrix."""
-        return self.type == "bpe"
+        """One vocabulary for both languages (subwords: BPE or unigram), so all embeddings can
+        be one matrix."""
+        return self.type in ("bpe", "unigram")
 
 
 @dataclass(frozen=True)
@@ -260,14 +264,15 @@ def _check_consistency(cfg: Config) -> None:
         raise ConfigError(f"data.path is required when data.source is '{d.source}'")
     if d.source == "text" and not (d.src_path and d.tgt_path):
         raise ConfigError("data.src_path and data.tgt_path are required when data.source is 'text'")
-    if cfg.tokenizer.type == "bpe":
+    if cfg.tokenizer.joint:
+        kind = cfg.tokenizer.type
         if cfg.tokenizer.max_vocab is None:
-            raise ConfigError("tokenizer.max_vocab is required when tokenizer.type is 'bpe': it "
-                              "is the size of the joint subword vocabulary, e.g. 8000")
+            raise ConfigError(f"tokenizer.max_vocab is required when tokenizer.type is '{kind}': "
+                              f"it is the size of the joint subword vocabulary, e.g. 8000")
         if not m.tie_embeddings:
-            raise ConfigError("tokenizer.type 'bpe' shares one vocabulary between the languages: "
-                              "set model.tie_embeddings: true (source, target and output "
-                              "embeddings become one matrix)")
+            raise ConfigError(f"tokenizer.type '{kind}' shares one vocabulary between the "
+                              "languages: set model.tie_embeddings: true (source, target and "
+                              "output embeddings become one matrix)")
     if len(cfg.train.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.train.adam_betas):
         raise ConfigError(f"train.adam_betas: must be two numbers in [0, 1), "
                           f"got {list(cfg.train.adam_betas)}")

@@ -5,6 +5,7 @@ Every source ends up as a `datasets.Dataset` with two string columns, `src` and 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from .config import DataConfig
 from .errors import TmtError
@@ -221,34 +223,103 @@ def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[s
 
 # --------------------------------------------------------------------------- splitting
 
-def split_by_source(src: list[str], tgt: list[str], cfg: DataConfig) -> Splits:
-    """Seeded split in which all pairs that share a source sentence go to the same split.
+SPLIT_NAMES = ("train", "valid", "test")        # split codes 0, 1, 2 of `assign_splits`
 
-    Tatoeba has many English sentences with several Italian translations; splitting pairs
-    independently would put the same English sentence in train and test.
-    """
-    groups: dict[str, list[int]] = {}
-    for i, s in enumerate(src):
-        groups.setdefault(s, []).append(i)
-    sources = sorted(groups)
-    rng = random.Random(cfg.seed)
-    rng.shuffle(sources)
-    held_out = cfg.valid_size + cfg.test_size
-    if len(sources) <= held_out:
-        raise TmtError(f"the corpus has {len(sources)} distinct source sentences after cleaning, "
-                       f"not enough for data.valid_size={cfg.valid_size} + data.test_size="
-                       f"{cfg.test_size} and a training set; lower them or use more data")
-    parts = {"valid": sources[:cfg.valid_size],
-             "test": sources[cfg.valid_size:held_out],
-             "train": sources[held_out:]}
 
-    def build(names: list[str]) -> datasets.Dataset:
-        rows = sorted(i for name in names for i in groups[name])
+def sentence_keys(sentences: list[str]) -> np.ndarray:
+    """A stable 64-bit key per sentence (BLAKE2b, not Python's per-process salted `hash`), so
+    that a split is the same in every process. Two different sentences share a key with
+    probability ~n²/2⁶⁵ (1e-8 for Tatoeba); a collision only joins two components."""
+    digests = b"".join(hashlib.blake2b(s.encode("utf-8"), digest_size=8).digest()
+                       for s in sentences)
+    return np.frombuffer(digests, dtype="<u8").copy()
+
+
+def connected_components(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
+    """Component id (0..C-1) per pair: two pairs are connected when they share a source key or a
+    target key, directly or through other pairs.
+
+    Union-find on arrays: sentences are nodes (sources and targets numbered apart, so the same
+    string in both languages is two nodes), pairs are edges. Each round hooks the larger root
+    of every edge under the smaller one, then compresses paths fully; parent[x] <= x always
+    holds, so no cycle can form. A few dozen rounds suffice even for long chains."""
+    src_node = np.unique(src_keys, return_inverse=True)[1].reshape(-1)
+    tgt_node = np.unique(tgt_keys, return_inverse=True)[1].reshape(-1)
+    tgt_node = tgt_node + (src_node.max() + 1 if len(src_node) else 0)
+    parent = np.arange(int(tgt_node.max()) + 1 if len(tgt_node) else 0)
+    while True:
+        root_a, root_b = parent[src_node], parent[tgt_node]
+        apart = root_a != root_b
+        if not apart.any():
+            break
+        low = np.minimum(root_a[apart], root_b[apart])
+        high = np.maximum(root_a[apart], root_b[apart])
+        np.minimum.at(parent, high, low)
+        while True:
+            grandparent = parent[parent]
+            if np.array_equal(grandparent, parent):
+                break
+            parent = grandparent
+    return np.unique(parent[src_node], return_inverse=True)[1].reshape(-1)
+
+
+def assign_splits(src_keys: np.ndarray, tgt_keys: np.ndarray, valid_size: int, test_size: int,
+                  seed: int) -> np.ndarray:
+    """Split code per pair (0 train, 1 valid, 2 test) such that no source and no target
+    sentence is in two splits.
+
+    Whole connected components (`connected_components`) are dealt out in a seeded random order:
+    to valid until it holds at least `valid_size` distinct source sentences, then to test until
+    it holds `test_size`, the rest to train. Sizes count distinct source sentences (the
+    sentences `tmt evaluate` translates); a split overshoots by less than one component."""
+    component = connected_components(src_keys, tgt_keys)
+    count = int(component.max()) + 1 if len(component) else 0
+    # Distinct source sentences per component: each source key lies in exactly one component.
+    _, first = np.unique(src_keys, return_index=True)
+    sources_per_component = np.bincount(component[first], minlength=count)
+    total = int(sources_per_component.sum())
+    if total <= valid_size + test_size:
+        raise TmtError(f"the corpus has {total} distinct source sentences after cleaning, "
+                       f"not enough for data.valid_size={valid_size} + data.test_size="
+                       f"{test_size} and a training set; lower them or use more data")
+    order = np.random.default_rng(seed).permutation(count)
+    filled = np.cumsum(sources_per_component[order])
+    # Components before the one that reaches the size, and that one too.
+    valid_end = int(np.searchsorted(filled, valid_size)) + 1
+    test_end = valid_end + (int(np.searchsorted(filled[valid_end:] - filled[valid_end - 1],
+                                                test_size)) + 1 if test_size else 0)
+    if test_end >= count:
+        raise TmtError(f"data.valid_size={valid_size} and data.test_size={test_size} take all "
+                       f"{count} groups of connected sentence pairs (pairs that share a source "
+                       f"or target sentence); lower them or use more data")
+    split_of_component = np.zeros(count, dtype=np.int8)
+    split_of_component[order[:valid_end]] = 1
+    split_of_component[order[valid_end:test_end]] = 2
+    splits = split_of_component[component]
+    sizes = np.bincount(component, minlength=count)
+    log.info("split: %d groups of pairs connected by a shared source or target sentence, the "
+             "largest of %d pairs; %s", count, int(sizes.max()),
+             ", ".join(f"{name} {int((splits == code).sum())} pairs in "
+                       f"{int((split_of_component == code).sum())} groups"
+                       for code, name in enumerate(SPLIT_NAMES)))
+    return splits
+
+
+def split_by_component(src: list[str], tgt: list[str], cfg: DataConfig) -> Splits:
+    """Seeded split in which no source sentence and no target sentence is in two splits.
+
+    Splitting by source sentence alone is not enough: Tatoeba often has several English
+    sentences with one Italian translation, so the test split's references would occur among
+    the training targets and reward memorisation."""
+    splits = assign_splits(sentence_keys(src), sentence_keys(tgt), cfg.valid_size,
+                           cfg.test_size, cfg.seed)
+
+    def build(code: int) -> datasets.Dataset:
+        rows = np.flatnonzero(splits == code)
         return datasets.Dataset.from_dict({"src": [src[i] for i in rows],
                                            "tgt": [tgt[i] for i in rows]})
 
-    return Splits(train=build(parts["train"]), valid=build(parts["valid"]),
-                  test=build(parts["test"]))
+    return Splits(train=build(0), valid=build(1), test=build(2))
 
 
 def prepare_splits(cfg: DataConfig) -> Splits:
@@ -264,7 +335,7 @@ def prepare_splits(cfg: DataConfig) -> Splits:
         # sorted by length, so their head holds only the shortest sentences.
         keep = sorted(random.Random(cfg.seed).sample(range(len(src)), cfg.max_pairs))
         src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-    return split_by_source(src, tgt, cfg)
+    return split_by_component(src, tgt, cfg)
 
 
 def save_splits(splits: Splits, directory: Path) -> None:

@@ -87,8 +87,8 @@ def evaluate(translator: Translator, test: EvalSet, beam_size: int,
     unique = list(dict.fromkeys(test.sources))
     decode = translator.decode_cfg
     started = time.perf_counter()
-    translated = dict(zip(unique, translator.translate(unique, beam_size,
-                                                       decode.length_penalty)))
+    outputs, unknown = translator.translate_counting(unique, beam_size, decode.length_penalty)
+    translated = dict(zip(unique, outputs))
     seconds = time.perf_counter() - started
     hypotheses = [translated[s] for s in test.sources]
     scores = corpus_scores(hypotheses, test.references)
@@ -101,6 +101,9 @@ def evaluate(translator: Translator, test: EvalSet, beam_size: int,
                      "batch_size": decode.batch_size, "batch_tokens": decode.batch_tokens,
                      "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
                      "device": str(translator.device)},
+        # Shares of the distinct sources: unknown source tokens, sources with one, and
+        # outputs that held an [UNK] before it was replaced.
+        **unknown.shares(), "replace_unk": translator.replace_unk,
         "checkpoint": str(checkpoint),
         "seconds": round(seconds, 2),
         "sentences_per_s": round(len(unique) / max(seconds, 1e-9), 2),

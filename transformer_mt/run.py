@@ -47,7 +47,7 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
         return
     identity = fingerprint(cfg)       # the corpus as it is now, before it is read
     splits = prepare_splits(cfg.data)
-    log.info("split: %d train, %d valid, %d test pairs (no source sentence in two splits)",
+    log.info("split: %d train, %d valid, %d test pairs (no sentence in two splits)",
              len(splits.train), len(splits.valid), len(splits.test))
     staging = fresh_staging(run)
     try:
@@ -69,7 +69,8 @@ def _train_tokenizers(cfg: Config, splits: Splits, directory: Path) -> None:
         codec = TextCodec(train_tokenizer(both_sides, cfg.tokenizer))
         for side in ("src", "tgt"):
             codec.save(directory / f"{side}.json")
-        log.info("joint BPE tokenizer: %d subwords (trained on both sides)", codec.vocab_size)
+        log.info("joint %s tokenizer: %d subwords (trained on both sides)", cfg.tokenizer.type,
+                 codec.vocab_size)
     else:
         for side in ("src", "tgt"):
             codec = TextCodec(train_tokenizer(splits.train[side], cfg.tokenizer))

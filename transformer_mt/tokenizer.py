@@ -1,11 +1,11 @@
-"""Word-level and BPE tokenizers built with Hugging Face `tokenizers`, with lossless
+"""Word-level, BPE and unigram tokenizers built with Hugging Face `tokenizers`, with lossless
 detokenization.
 
 Words are split on spaces and punctuation. Each word that followed a space carries the marker
 `▁` (as in SentencePiece), so decoding knows where the spaces were: `decode(encode(s)) == s` for
 any whitespace-normalised text whose words are all in the vocabulary (`l'uomo`, `"quoted"`, 3.5).
-BPE splits those same words further into subwords; its pieces are joined back without spaces, so
-the round trip holds for any text whose characters were seen in training.
+BPE and unigram split those same words further into subwords; their pieces are joined back without
+spaces, so the round trip holds for any text whose characters were seen in training.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .errors import TmtError
 UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
 SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
 SPACE_MARKER = "▁"
+NO_CAP = 2**31 - 1
 
 
 def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
@@ -36,15 +37,21 @@ def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def train_tokenizer(sentences: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
-    """Train a word-level or BPE tokenizer (`cfg.type`) whose ids 0..3 are [UNK] [PAD] [SOS]
-    [EOS]. For a joint BPE vocabulary, pass the sentences of both languages."""
+    """Train a word-level, BPE or unigram tokenizer (`cfg.type`) whose ids 0..3 are [UNK] [PAD]
+    [SOS] [EOS]. For a joint subword vocabulary, pass the sentences of both languages."""
     options = {"special_tokens": SPECIAL_TOKENS, "min_frequency": cfg.min_frequency,
                "show_progress": False}
-    if cfg.max_vocab is not None:
-        options["vocab_size"] = cfg.max_vocab
+    # No cap means no cap: the trainers' own default would cut at 30,000 entries.
+    options["vocab_size"] = cfg.max_vocab if cfg.max_vocab is not None else NO_CAP
     if cfg.type == "bpe":
         tokenizer = _with_word_splitting(Tokenizer(models.BPE(unk_token=UNK)))
         trainer = trainers.BpeTrainer(**options)
+    elif cfg.type == "unigram":
+        # SentencePiece's unigram language model over the same words; it has no frequency
+        # threshold (rare pieces are pruned by likelihood instead).
+        del options["min_frequency"]
+        tokenizer = _with_word_splitting(Tokenizer(models.Unigram()))
+        trainer = trainers.UnigramTrainer(unk_token=UNK, **options)
     else:
         tokenizer = _with_word_splitting(Tokenizer(models.WordLevel(unk_token=UNK)))
         trainer = trainers.WordLevelTrainer(**options)
@@ -72,15 +79,37 @@ class TextCodec:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Iterable[int]) -> str:
-        """Text for ids, stopping at [EOS]; [SOS] and [PAD] dropped, [UNK] kept visible."""
-        kept = []
-        for i in ids:
+    def encode_with_pieces(self, text: str) -> tuple[list[int], list[str]]:
+        """Ids and, for each, the text it was made from, marked with ▁ where a space (or the
+        start of the text) preceded it, as the tokenizer marks words: a piece that can stand in
+        the output for an [UNK] (`decode`'s `unk_pieces`)."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        pieces = []
+        for start, end in encoding.offsets:
+            piece = text[start:end]
+            if start == 0 or piece.startswith(" "):
+                piece = SPACE_MARKER + piece.lstrip(" ")
+            pieces.append(piece)
+        return encoding.ids, pieces
+
+    @property
+    def word_level(self) -> bool:
+        return isinstance(self.tokenizer.model, models.WordLevel)
+
+    def decode(self, ids: Iterable[int], unk_pieces: dict[int, str] | None = None) -> str:
+        """Text for ids, stopping at [EOS]; [SOS] and [PAD] dropped. An [UNK] at position i of
+        `ids` is written as `unk_pieces[i]` when given, else kept visible as [UNK]."""
+        pieces = []
+        for position, i in enumerate(ids):
             if i == self.eos_id:
                 break
-            if i not in (self.sos_id, self.pad_id):
-                kept.append(i)
-        return self.tokenizer.decode(kept, skip_special_tokens=False)
+            if i in (self.sos_id, self.pad_id):
+                continue
+            if unk_pieces and position in unk_pieces:
+                pieces.append(unk_pieces[position])
+            else:
+                pieces.append(self.tokenizer.id_to_token(i))
+        return self.tokenizer.decoder.decode(pieces)
 
     def tokens(self, ids: Iterable[int]) -> list[str]:
         return [self.tokenizer.id_to_token(i) for i in ids]

@@ -18,23 +18,29 @@ from .device import pick_device
 from .model import Transformer, build_model
 from .search import Hypothesis, SearchLimits, beam_search, greedy_search
 from .tokenizer import TextCodec
+from .unk import UnknownCounts, attended_source_tokens, unknown_replacements
 
 log = logging.getLogger(__name__)
 
 
 class Translator:
+    """`replace_unk`: write each [UNK] of an output as the source word it attends to most
+    (`unk.py`); None: on for word-level target vocabularies, off for subword ones (whose only
+    unknowns are unseen characters)."""
+
     def __init__(self, model: Transformer, src_codec: TextCodec, tgt_codec: TextCodec,
-                 decode_cfg: DecodeConfig, device: torch.device):
+                 decode_cfg: DecodeConfig, device: torch.device, replace_unk: bool | None = None):
         self.model = model.to(device).eval()
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
+        self.replace_unk = tgt_codec.word_level if replace_unk is None else replace_unk
         self.decode_cfg = decode_cfg
         self.device = device
         self.limits = SearchLimits(tgt_codec.sos_id, tgt_codec.eos_id, decode_cfg.max_len_a,
                                    decode_cfg.max_len_b)
 
     @classmethod
-    def from_checkpoint(cls, path: Path, device: str = "auto", **decode_changes: Any
-                        ) -> "Translator":
+    def from_checkpoint(cls, path: Path, device: str = "auto", replace_unk: bool | None = None,
+                        **decode_changes: Any) -> "Translator":
         """`decode_changes` override the run's decode settings, e.g. batch_tokens=2000."""
         state = load_checkpoint(path)
         cfg: Config = config_from_dict(state["config"], str(path))
@@ -44,7 +50,7 @@ class Translator:
                             cfg.tokenizer.joint)
         model.load_state_dict(state["model"])
         decode_cfg = dataclasses.replace(cfg.decode, **decode_changes)
-        return cls(model, src_codec, tgt_codec, decode_cfg, pick_device(device))
+        return cls(model, src_codec, tgt_codec, decode_cfg, pick_device(device), replace_unk)
 
     def encode_source(self, sentence: str) -> list[int]:
         ids = self.src_codec.encode(normalize_text(sentence))
@@ -99,8 +105,41 @@ class Translator:
 
     def translate(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6
                   ) -> list[str]:
-        return [self.tgt_codec.decode(outputs[0])
-                for outputs in self.translate_ids(sentences, beam_size, alpha)]
+        best = [outputs[0] for outputs in self.translate_ids(sentences, beam_size, alpha)]
+        return self.detokenize(sentences, best)
+
+    def translate_counting(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6
+                           ) -> tuple[list[str], UnknownCounts]:
+        """Translations, and how many source tokens and outputs held an [UNK] (before any
+        replacement)."""
+        best = [outputs[0] for outputs in self.translate_ids(sentences, beam_size, alpha)]
+        counts = UnknownCounts()
+        for sentence, output in zip(sentences, best):
+            counts.add_source(self.src_codec.encode(normalize_text(sentence)),
+                              self.src_codec.unk_id)
+            counts.add_output(output, self.tgt_codec.unk_id)
+        return self.detokenize(sentences, best), counts
+
+    def detokenize(self, sentences: list[str], outputs: list[list[int]]) -> list[str]:
+        """The text of each output (token ids) of the line-aligned `sentences`, with its [UNK]s
+        replaced by source words when `replace_unk` is on."""
+        unk_pieces: list[dict[int, str] | None] = [None] * len(outputs)
+        if self.replace_unk:
+            unk = self.tgt_codec.unk_id
+            needed = [i for i, ids in enumerate(outputs) if unk in ids]
+            # Encoded again (cheap, few sentences), as encode_source does, without its warning.
+            encoded = {i: self.src_codec.encode_with_pieces(normalize_text(sentences[i]))
+                       for i in needed}
+            limit = self.decode_cfg.max_input_tokens
+            source_ids = [encoded[i][0][:limit] if i in encoded else []
+                          for i in range(len(outputs))]
+            for chunk in self._batches(source_ids):
+                alignments = attended_source_tokens(
+                    self.model, [source_ids[i] for i in chunk], [outputs[i] for i in chunk],
+                    self.src_codec, self.tgt_codec, self.device)
+                for i, alignment in zip(chunk, alignments):
+                    unk_pieces[i] = unknown_replacements(outputs[i], alignment, encoded[i][1], unk)
+        return [self.tgt_codec.decode(ids, pieces) for ids, pieces in zip(outputs, unk_pieces)]
 
     def translate_nbest(self, sentences: list[str], beam_size: int, nbest: int,
                         alpha: float = 0.6) -> list[list[tuple[str, float]]]:
@@ -110,9 +149,11 @@ class Translator:
         beam_size = max(beam_size, nbest)
         results = []
         # All finished beams are asked for, so that duplicates can be replaced by the next ones.
-        for hyps in self.search(sentences, beam_size, alpha, nbest=beam_size):
+        for sentence, hyps in zip(sentences, self.search(sentences, beam_size, alpha,
+                                                         nbest=beam_size)):
+            texts = self.detokenize([sentence] * len(hyps), [h.tokens for h in hyps])
             distinct: dict[str, float] = {}
-            for h in hyps:
-                distinct.setdefault(self.tgt_codec.decode(h.tokens), h.score)
+            for text, h in zip(texts, hyps):
+                distinct.setdefault(text, h.score)
             results.append(list(distinct.items())[:nbest])
         return results

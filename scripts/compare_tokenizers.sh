@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Equal-time tokenizer comparison on Tatoeba (issue 12): each variant trains ALONE for the same
+# BUDGET seconds of training (data preparation not counted: the clock starts at the run's
+# "model:" log line), one after the other, then is stopped with SIGTERM (it checkpoints) and
+# evaluated, greedy and beam 4, on its test split and its unseen-words sets. All variants share
+# one split (the data section is the same), so their test and unseen-words sets are identical.
+#
+#   BUDGET=3600 OUT=cmp bash scripts/compare_tokenizers.sh            # about 4 x 1 h + evaluation
+#   ONLY="word bpe" BUDGET=900 bash scripts/compare_tokenizers.sh     # a subset, shorter
+#
+# Nothing else should run on the machine meanwhile (say what did, if anything). Results:
+# $OUT/<variant>/eval/*.json; a summary table is printed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUDGET=${BUDGET:-3600}
+OUT=${OUT:-cmp}
+TMT=${TMT:-.venv/bin/tmt}
+ONLY=${ONLY:-"word word_uncapped bpe unigram"}
+COMMON=(--set train.keep_last=10 --set train.checkpoint_every=250)
+
+declare -A ARGS=(
+  [word]="--config configs/tatoeba_en_it.yaml"                                    # 12.3k / 16k words
+  [word_uncapped]="--config configs/tatoeba_en_it.yaml --set tokenizer.max_vocab=null"  # every word seen twice
+  [bpe]="--config configs/tatoeba_en_it_bpe.yaml"                                 # 8k joint BPE
+  [unigram]="--config configs/tatoeba_en_it_unigram.yaml"                         # 8k joint unigram
+)
+
+for variant in $ONLY; do
+  run="$OUT/$variant"
+  if [[ -e "$run/checkpoints/last.pt" ]]; then
+    echo "$run exists: skipped (remove it to train again)"; continue
+  fi
+  # shellcheck disable=SC2086
+  $TMT train ${ARGS[$variant]} "${COMMON[@]}" --run-dir "$run" &
+  pid=$!
+  until grep -q "model: " "$run/train.log" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "$variant: training ended before it started"; exit 1; }
+    sleep 5
+  done
+  echo "$variant: training for $BUDGET s from $(date -u +%H:%M:%S)"
+  sleep "$BUDGET"
+  kill -TERM "$pid"
+  wait "$pid" || true
+  for beam in 1 4; do
+    $TMT evaluate --run "$run" --beam "$beam" --unseen >/dev/null
+  done
+done
+
+python3 - "$OUT" $ONLY <<'EOF'
+import json, pathlib, sys
+out, variants = pathlib.Path(sys.argv[1]), sys.argv[2:]
+print("variant | beam | test BLEU / chrF | rare_words BLEU | names BLEU | outputs with [UNK]")
+for variant in variants:
+    for beam in (1, 4):
+        path = out / variant / "eval" / f"test.best.beam{beam}.json"
+        if not path.is_file():
+            continue
+        r = json.loads(path.read_text())
+        u = r.get("unseen", {})
+        print(f"{variant} | {beam} | {r['bleu']:.2f} / {r['chrf']:.2f} | "
+              f"{u.get('rare_words', {}).get('bleu', float('nan')):.2f} | "
+              f"{u.get('names', {}).get('bleu', float('nan')):.2f} | {r['outputs_with_unk']:.3f}")
+EOF
