@@ -223,7 +223,7 @@ def writer_lock(run: RunDir) -> Iterator[None]:
         run.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(run.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
-        raise TmtError(f"cannot write to the run directory {run.path} ({exc.strerror}); choose "
+        raise TmtError(f"run directory {run.path} is not writable ({exc.strerror}); choose "
                        f"another with --run-dir") from None
     with os.fdopen(fd, "r+", encoding="ascii") as handle:
         try:
