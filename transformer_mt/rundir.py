@@ -192,7 +192,12 @@ def check_can_train(cfg: Config, run: RunDir, resume: bool) -> None:
     if marker is not None:           # prepared, never checkpointed: its split is reused
         check_split_identity(cfg, run, marker, with_corpus=True)
         return
-    foreign = sorted(set(os.listdir(run.path)) - _partial_state_names(run))
+    try:
+        entries = set(os.listdir(run.path))
+    except OSError as exc:
+        raise TmtError(f"run directory {run.path} is not readable ({exc.strerror}); choose "
+                       f"another with --run-dir") from None
+    foreign = sorted(entries - _partial_state_names(run))
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise TmtError(f"{run.path} is not empty ({shown}) and is not a tmt run (no {MARKER}); "
@@ -223,9 +228,9 @@ def writer_lock(run: RunDir) -> Iterator[None]:
         run.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(run.lock_file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
-        raise TmtError(f"cannot write to the run directory {run.path} ({exc.strerror}); choose "
+        raise TmtError(f"run directory {run.path} is not writable ({exc.strerror}); choose "
                        f"another with --run-dir") from None
-    with os.fdopen(fd, "r+", encoding="ascii") as handle:
+    with os.fdopen(fd, "r+", encoding="ascii", errors="replace") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
