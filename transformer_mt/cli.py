@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 
 from .errors import TmtError
 from .openmp import configure_openmp
+from .paths import STDIO, refuse_overwriting_inputs
 
 log = logging.getLogger("transformer_mt")
 
@@ -100,10 +101,20 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
     from .training import Trainer
 
     state = None
+    if resume and not run.last.is_file():
+        raise TmtError(f"nothing to resume: no checkpoint {run.last}; start the run without "
+                       f"--resume")
+    if not resume and run.last.is_file():
+        raise TmtError(f"{run.path} already holds a run (checkpoints/last.pt); pass --resume to "
+                       f"continue it or --run-dir NEW_DIR to start another")
+    # Logging before the resume check, so that the settings it reports as changed reach train.log.
+    if info.is_main:
+        run.ensure_writable()
+        remove_partial_writes(run.checkpoints)
+        setup_logging(log_file=run.path / "train.log")
+    else:
+        setup_logging(logging.WARNING, prefix=f"tmt[rank {info.rank}]")
     if resume:
-        if not run.last.is_file():
-            raise TmtError(f"nothing to resume: no checkpoint {run.last}; start the run without "
-                           f"--resume")
         state = load_checkpoint(run.last)
         cfg = check_resume_config(cfg, state, log)
         max_steps = cfg.train.max_steps
@@ -112,16 +123,8 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
                 print(f"tmt: {run.path} already reached step {state['step']} (train.max_steps="
                       f"{max_steps}); pass a larger --max-steps to continue", file=sys.stderr)
             return 0
-    elif run.last.is_file():
-        raise TmtError(f"{run.path} already holds a run (checkpoints/last.pt); pass --resume to "
-                       f"continue it or --run-dir NEW_DIR to start another")
     if info.is_main:
-        run.ensure_writable()
-        remove_partial_writes(run.checkpoints)
-        setup_logging(log_file=run.path / "train.log")
         save_config(cfg, run.config)
-    else:
-        setup_logging(logging.WARNING, prefix=f"tmt[rank {info.rank}]")
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     device = pick_device(device_name)
@@ -172,21 +175,23 @@ def _load_translator(args: argparse.Namespace, checkpoint: Path):
 
 
 def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
-    """The sentences given as arguments, else the lines of --input FILE or of stdin, read
-    lazily so that a large file is never held in memory at once."""
+    """The sentences given as arguments, else the lines of --input FILE or of stdin (`-`), read
+    lazily so that a large file is never held in memory at once. Bytes that are not UTF-8 stop
+    the command with the line's number."""
+    from .data import utf8_lines
+
     if sentences:
         yield from sentences
         return
-    if input_file:
+    if input_file and input_file != STDIO:
         try:
-            handle = open(input_file, encoding="utf-8")
+            handle, name = open(input_file, "rb"), input_file
         except OSError as exc:
             raise TmtError(f"cannot read --input {input_file}: {exc.strerror}") from None
     else:
-        handle = sys.stdin
+        handle, name = sys.stdin.buffer, "stdin"
     with handle:
-        for line in handle:
-            yield line.rstrip("\r\n")
+        yield from utf8_lines(handle, name)
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -196,7 +201,7 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def _open_output(path: str | None):
-    if not path:
+    if not path or path == STDIO:
         return contextlib.nullcontext(sys.stdout)
     try:
         return open(path, "w", encoding="utf-8")
@@ -213,9 +218,17 @@ def cmd_translate(args: argparse.Namespace) -> int:
                        "argument")
     if args.sentences and args.input:
         raise TmtError("pass sentences as arguments or --input FILE, not both")
-    if args.input and not Path(args.input).is_file():
-        raise TmtError(f"--input file not found: {args.input}")
-    translator, beam = _load_translator(args, _checkpoint_path(args))
+    if args.input and args.input != STDIO and not Path(args.input).is_file():
+        problem = "is a directory" if Path(args.input).is_dir() else "file not found"
+        raise TmtError(f"--input {args.input}: {problem}; pass a text file, or - for stdin")
+    # Before anything is loaded, and long before an output file is opened.
+    refuse_overwriting_inputs(args.output, [("--input", args.input)])
+    refuse_overwriting_inputs(args.attention, [("--input", args.input), ("--output", args.output)],
+                              "--attention")
+    checkpoint = _checkpoint_path(args)
+    for output, option in ((args.output, "--output"), (args.attention, "--attention")):
+        refuse_overwriting_inputs(output, [("the checkpoint", checkpoint)], option)
+    translator, beam = _load_translator(args, checkpoint)
     alpha = translator.decode_cfg.length_penalty
     with _open_output(args.output) as out:
         index = 0
@@ -241,7 +254,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- evaluate
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import default_output, evaluate, file_test_set, run_test_set, write_outputs
+    from .evaluate import default_output, evaluate, file_test_set, report_path, run_test_set, \
+        write_outputs
     from .run import RunDir, run_of_checkpoint
 
     setup_logging(logging.WARNING)
@@ -258,8 +272,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            f"test split, or --src FILE --ref FILE")
         test = run_test_set(run)
     translator, beam = _load_translator(args, checkpoint)
-    hypotheses, report = evaluate(translator, test, beam, checkpoint)
     hyp_path = Path(args.output) if args.output else default_output(checkpoint, test, beam)
+    if report_path(hyp_path) == hyp_path:
+        raise TmtError(f"--output {hyp_path}: the JSON report is written beside the hypotheses "
+                       f"with the suffix .json, so their file must not end in .json")
+    inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", checkpoint)]
+    refuse_overwriting_inputs(hyp_path, inputs)
+    refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
+    hypotheses, report = evaluate(translator, test, beam, checkpoint)
     json_path = write_outputs(hypotheses, report, hyp_path)
     if args.json:
         print(json.dumps(report))

@@ -26,7 +26,7 @@ import datasets
 from .batching import EncodedPairs, encode_split
 from .checkpoint import BEST, LAST
 from .config import Config
-from .data import Splits, column, load_splits, prepare_splits, save_splits
+from .data import Splits, column, load_split, load_splits, prepare_splits, save_splits
 from .errors import TmtError
 from .tokenizer import TextCodec, train_tokenizer
 
@@ -134,7 +134,7 @@ def load_test_split(run: RunDir) -> datasets.Dataset:
     path = run.data / "test"
     if not (path / "dataset_info.json").is_file():
         raise TmtError(f"{run.path} has no saved test split ({path}); is it a tmt run directory?")
-    return datasets.load_from_disk(str(path))
+    return load_split(path)
 
 
 def latest_run(runs_dir: Path) -> Path | None:
