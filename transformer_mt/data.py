@@ -5,6 +5,7 @@ Every source ends up as a `datasets.Dataset` with two string columns, `src` and 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -14,7 +15,7 @@ import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import datasets
 
@@ -103,16 +104,27 @@ def _load_tsv(cfg: DataConfig) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"src": [f[0] for f in good], "tgt": [f[1] for f in good]})
 
 
+def _as_mapping(row: Any) -> dict:
+    """One row of a `translation` column as a dict ({} for null or junk). When rows have
+    different keys, `datasets` keeps the column as JSON text."""
+    if isinstance(row, str):
+        try:
+            row = json.loads(row)
+        except ValueError:
+            return {}
+    return row if isinstance(row, dict) else {}
+
+
 def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Dataset:
     """Accept the opus_books schema {"translation": {src: ..., tgt: ...}} or flat src/tgt columns.
     Rows without a text in both languages are skipped and reported, as malformed TSV lines are."""
     columns = ds.column_names
     if "translation" in columns:
-        rows = column(ds, "translation")
-        src = [row.get(cfg.src_lang) if isinstance(row, dict) else None for row in rows]
-        tgt = [row.get(cfg.tgt_lang) if isinstance(row, dict) else None for row in rows]
-        languages = sorted({lang for row in rows if isinstance(row, dict)
-                            for lang, text in row.items() if text is not None})
+        rows = [_as_mapping(row) for row in column(ds, "translation")]
+        src = [row.get(cfg.src_lang) for row in rows]
+        tgt = [row.get(cfg.tgt_lang) for row in rows]
+        languages = sorted({lang for row in rows for lang, text in row.items()
+                            if text is not None})
     elif cfg.src_lang in columns and cfg.tgt_lang in columns:
         src, tgt = column(ds, cfg.src_lang), column(ds, cfg.tgt_lang)
         languages = columns
@@ -129,13 +141,15 @@ def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str) 
         raise TmtError(f"{where}: {detail} (the rows have: {', '.join(languages) or 'none'}); "
                        f"set data.src_lang / data.tgt_lang")
     _report_skipped(where, [i + 1 for i, ok in enumerate(good) if not ok], len(good), "rows",
-                    f"without a '{cfg.src_lang}' and a '{cfg.tgt_lang}' text")
+                    f"with no text in '{cfg.src_lang}' or '{cfg.tgt_lang}'")
     return datasets.Dataset.from_dict({"src": [s for s, ok in zip(src, good) if ok],
                                        "tgt": [t for t, ok in zip(tgt, good) if ok]})
 
 
 def _load_structured(cfg: DataConfig, builder: str) -> datasets.Dataset:
     path = _local_file(cfg.path, "data.path")
+    if os.path.getsize(path) == 0:
+        raise TmtError(f"{path} is empty: it holds no sentence pairs")
     try:
         ds = datasets.load_dataset(builder, data_files=path, split="train")
     except Exception as exc:  # datasets wraps parser errors in several exception types
