@@ -184,7 +184,8 @@ LATIN1 = "Où est la gare?\tDov'è la stazione?\n".encode("latin-1")
 UTF16 = "I love you.\tTi amo.\n".encode("utf-16")
 TRANSLATE = ("translate", "--run", "{run}")
 EVALUATE = ("evaluate", "--run", "{run}", "--src", "s.txt", "--ref", "r.txt")
-SRC_REF = steps(file("s.txt", GOOD_LINES), file("r.txt", "Amo leggere libri.\nDov'è la stazione?\n"))
+SRC_REF = steps(file("s.txt", GOOD_LINES),
+                file("r.txt", "Amo leggere libri.\nDov'è la stazione?\n"))
 SAME = "is the same file as"
 DAMAGED = "is damaged or missing"
 # Resuming rewrites config.yaml before the data is loaded and appends to train.log (the log is

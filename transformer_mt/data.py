@@ -334,8 +334,8 @@ def load_split(path: Path) -> datasets.Dataset:
     # mean the same to the user.
     except Exception as exc:
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TmtError(f"the run's saved split {path} is damaged or missing ({detail}); restore the "
-                       f"run directory from a backup or start a new run") from None
+        raise TmtError(f"the run's saved split {path} is damaged or missing ({detail}); "
+                       f"restore the run directory from a backup or start a new run") from None
     return ds
 
 

@@ -332,8 +332,9 @@ class Trainer:
         t = self.cfg.train
         total = self.total_steps()
         if self.step >= total:
-            log.info("train.max_steps is %d: no step to train (the run's data and tokenizers are "
-                     "ready in %s)", total, self.run.path)
+            log.info("no step to train: the run is at step %d of %d (train.max_steps %s, "
+                     "train.max_epochs %d); its data and tokenizers are ready in %s", self.step,
+                     total, t.max_steps, t.max_epochs, self.run.path)
             return 0
         if self.dist.is_main:
             check_writable(self.run.checkpoints)
