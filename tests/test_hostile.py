@@ -264,6 +264,9 @@ ROWS = [
     row("translate-output-links-to-checkpoint", symlink("out", "{run}/checkpoints/last.pt"),
         ("translate", "--checkpoint", "{run}/checkpoints/last.pt", "Hello.", "--output", "out"),
         USER_ERROR, f"{SAME} the checkpoint"),
+    row("translate-output-hard-link-of-checkpoint", lambda env: (env.tmp / "h.txt").hardlink_to(
+        env.run / "checkpoints" / "best.pt"), TRANSLATE + ("Hello.", "--output", "h.txt"),
+        USER_ERROR, f"--output h.txt {SAME} the checkpoint"),
     row("translate-attention-is-output", nothing,
         TRANSLATE + ("Hello.", "--output", "x.png", "--attention", "./x.png"), USER_ERROR,
         f"--attention ./x.png {SAME} --output x.png"),

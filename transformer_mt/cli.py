@@ -218,7 +218,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
                        "argument")
     if args.sentences and args.input:
         raise TmtError("pass sentences as arguments or --input FILE, not both")
-    if args.input and args.input != STDIO and not Path(args.input).is_file():
+    # Pipes are fine (--input <(zcat x.gz)); folders and missing paths are not.
+    if args.input and args.input != STDIO and (Path(args.input).is_dir()
+                                               or not Path(args.input).exists()):
         problem = "is a directory" if Path(args.input).is_dir() else "file not found"
         raise TmtError(f"--input {args.input}: {problem}; pass a text file, or - for stdin")
     # Before anything is loaded, and long before an output file is opened.
