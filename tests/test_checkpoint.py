@@ -38,6 +38,16 @@ def test_atomic_save_leaves_no_temporary_files_and_loads_safely(tmp_path):
     assert load_checkpoint(path)["model"]["w"].tolist() == [0, 1, 2]
 
 
+def test_checkpoints_get_the_permissions_of_any_new_file(tmp_path):
+    for umask, mode in ((0o022, 0o644), (0o077, 0o600), (0o002, 0o664)):
+        previous = os.umask(umask)
+        try:
+            atomic_save({"model": {}, "config": {}}, tmp_path / "c.pt")
+        finally:
+            os.umask(previous)
+        assert (tmp_path / "c.pt").stat().st_mode & 0o777 == mode
+
+
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     atomic_save({"model": {"w": torch.zeros(2)}, "config": {}}, path)

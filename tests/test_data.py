@@ -4,10 +4,13 @@ import time
 import datasets
 import pytest
 
-from transformer_mt.config import DataConfig
+from transformer_mt.batching import EncodedPairs
+from transformer_mt.config import DataConfig, TokenizerConfig
 from transformer_mt.data import clean_pairs, connected_components, load_corpus, normalize_text, \
     prepare_splits, sentence_keys, split_by_component
 from transformer_mt.errors import TmtError
+from transformer_mt.tokenizer import TextCodec, train_tokenizer
+from transformer_mt.training import trainable_pairs
 
 from conftest import sample_pairs, write_tsv
 
@@ -30,6 +33,55 @@ def test_a_very_long_sentence_is_filtered_not_fatal():
     src, tgt = clean_pairs(["word " * 10000, "ok"], ["parola " * 10000, "va bene"],
                            DataConfig(max_len=100))
     assert src == ["ok"]
+
+
+# Sentences an attacker (or a scraped corpus) offers: runs of punctuation with no space, mixed
+# scripts, words glued to marks. Spaces alone say little about how many tokens they hold.
+HOSTILE = ["!" * 300, "a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p,q,r,s,t,u,v,w,x,y,z", "ok .",
+           "«Sì»—disse—«davvero?»" * 6, "http://example.com/a/b/c?d=e&f=g#h", "東京。" * 20,
+           ". . . . . . . . . . . . . . . . . . . .", "Fine, thanks.", "x" * 500]
+
+
+def _word_tokens(texts: list[str]) -> list[int]:
+    """Token counts from a word-level tokenizer trained on `texts`: what training will see."""
+    codec = TextCodec(train_tokenizer(texts, TokenizerConfig(min_frequency=1)))
+    return [len(ids) for ids in codec.encode_batch(texts)]
+
+
+def test_the_length_filter_keeps_exactly_the_pairs_within_max_len_tokens():
+    src = HOSTILE + ["Hi."] * len(HOSTILE)
+    tgt = ["Ciao."] * len(HOSTILE) + HOSTILE
+    kept = set(zip(*clean_pairs(src, tgt, DataConfig(max_len=12))))
+    counts = dict(zip(src + tgt, _word_tokens(src + tgt)))
+    assert kept == {(s, t) for s, t in zip(src, tgt) if max(counts[s], counts[t]) <= 12}
+    assert ("x" * 500, "Ciao.") in kept and ("!" * 300, "Ciao.") not in kept
+
+
+def test_truncation_keeps_the_first_max_len_tokens_of_each_side():
+    src, tgt = clean_pairs(HOSTILE, ["Ciao."] * len(HOSTILE),
+                           DataConfig(max_len=12, long_sentences="truncate"))
+    assert len(src) == len(HOSTILE) and max(_word_tokens(src)) <= 12
+    assert all(original.startswith(cut) and cut for cut, original in zip(src, HOSTILE))
+
+
+def test_a_space_free_run_of_punctuation_is_counted_by_its_tokens():
+    src, _ = clean_pairs(["!" * 30_000, "Hi."], ["x", "Ciao."], DataConfig(max_len=30))
+    assert src == ["Hi."]
+
+
+def test_subword_pairs_longer_than_max_len_are_not_trained_on():
+    # A small BPE vocabulary spells rare words in many pieces: more tokens than words.
+    texts = [normalize_text(side) for pair in sample_pairs(300, seed=3) for side in pair]
+    codec = TextCodec(train_tokenizer(texts, TokenizerConfig(type="bpe", max_vocab=60,
+                                                             min_frequency=1)))
+    encoded = datasets.Dataset.from_dict({"src_ids": codec.encode_batch(texts[0::2]),
+                                          "tgt_ids": codec.encode_batch(texts[1::2])})
+    pairs = EncodedPairs(encoded)
+    max_len = 20
+    kept, lengths = trainable_pairs(pairs, max_len)
+    too_long = sum(max(len(s), len(t)) > max_len for s, t in zip(pairs.src, pairs.tgt))
+    assert too_long and len(kept) == len(pairs) - too_long == len(lengths)
+    assert all(len(s) <= max_len and len(t) <= max_len for s, t in kept)
 
 
 def _tatoeba_like_pairs():

@@ -126,16 +126,18 @@ def test_sigint_finishes_the_step_saves_and_exits_130(tmp_path, corpus_tsv):
     run_dir = tmp_path / "run"
     process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "train", "--config",
                                 str(config), "--run-dir", str(run_dir)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     log = run_dir / "train.log"
     while time.monotonic() < deadline and not (log.is_file() and "model:" in log.read_text()):
         time.sleep(0.2)
     time.sleep(2.0)                                 # let it train a few steps
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert "Traceback" not in stderr
+    assert "Traceback" not in stderr and stdout == ""
     assert f"tmt train --run-dir {run_dir} --resume" in stderr
+    notice = "SIGINT: finishing the current step and saving a checkpoint"
+    assert notice in stderr and notice in log.read_text()
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert state["step"] > 0

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import atomic_save, human_size, load_checkpoint
+from .checkpoint import BEST, LAST, atomic_save, human_size, load_checkpoint
 from .errors import TmtError
 from .events import read_scalars
+from .paths import refuse_overwriting_inputs
 from .run import RunDir
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,10 @@ def average_files(paths: list[Path], output: Path) -> Path:
     """Average the checkpoints at `paths` into `output`; the newest (last) one's config,
     tokenizers and step are kept."""
     paths = _distinct(paths)
+    refuse_overwriting_inputs(output, [("the input checkpoint", p) for p in paths])
+    if output.name in (LAST, BEST) and output.parent.name == "checkpoints":
+        raise TmtError(f"--output {output} would replace the run's own {output.name} (which "
+                       f"resuming and translating use); choose another file name")
     states = [load_checkpoint(p) for p in paths]
     if any(s["tokenizers"] != states[-1]["tokenizers"] for s in states):
         raise TmtError("the checkpoints use different tokenizers: they come from different runs")
@@ -85,19 +90,24 @@ def _step_of(path: Path) -> int:
 def select_checkpoints(run: RunDir, last: int | None, best: int | None) -> list[Path]:
     """The run's kept step checkpoints: the newest `last`, or the `best` with the highest
     validation BLEU (only checkpoints written at a validation have one), oldest first."""
-    kept = sorted(run.checkpoints.glob("step*.pt"), key=_step_of)
+    for option, count in (("--last", last), ("--best", best)):
+        if count is not None and count < 1:
+            raise TmtError(f"{option} {count}: K is how many step checkpoints to average, at "
+                           f"least 1")
+    kept = sorted((p for p in run.checkpoints.glob("step*.pt") if p.stem[4:].isdigit()),
+                  key=_step_of)
     if not kept:
         raise TmtError(f"{run.checkpoints} has no step checkpoints (stepNNNNNNNN.pt) to average; "
                        f"train with train.keep_last > 1 to keep several")
     if best is None:
         count = last if last is not None else len(kept)
-        if count < 1 or count > len(kept):
-            raise TmtError(f"--last {count}: {run.checkpoints} keeps {len(kept)} step "
+        if count > len(kept):
+            raise TmtError(f"--last {count}: {run.checkpoints} keeps only {len(kept)} step "
                            f"checkpoints (train.keep_last)")
         return kept[-count:]
     bleu = {s.step: s.value for s in read_scalars(run.tensorboard).get("valid/bleu", [])}
     scored = [p for p in kept if _step_of(p) in bleu]
-    if best < 1 or best > len(scored):
+    if best > len(scored):
         raise TmtError(f"--best {best}: only {len(scored)} of the {len(kept)} kept step "
                        f"checkpoints have a validation BLEU (those written at a validation)")
     chosen = sorted(scored, key=lambda p: bleu[_step_of(p)], reverse=True)[:best]

@@ -5,16 +5,20 @@ Masks follow one convention throughout: a boolean tensor that is True where atte
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Iterator
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .data import column
 from .tokenizer import TextCodec
+
+log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- encoding
@@ -25,7 +29,15 @@ def encode_split(ds: datasets.Dataset, src_codec: TextCodec, tgt_codec: TextCode
     def encode(batch):
         return {"src_ids": src_codec.encode_batch(batch["src"]),
                 "tgt_ids": tgt_codec.encode_batch(batch["tgt"])}
-    return ds.map(encode, batched=True, batch_size=2000, desc="encoding")
+    try:
+        return ds.map(encode, batched=True, batch_size=2000, desc="encoding")
+    except (pa.ArrowException, OSError) as exc:
+        # The cache is derived data that tmt wrote: a damaged one is rebuilt, not fatal.
+        log.warning("the encoded-ids cache beside %s is damaged (%s); encoding again",
+                    ds.cache_files[0]["filename"] if ds.cache_files else "the split",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return ds.map(encode, batched=True, batch_size=2000, desc="encoding",
+                      load_from_cache_file=False)
 
 
 class EncodedPairs(Dataset):
@@ -195,7 +207,7 @@ class Collator:
                      n_tokens=int((tgt_out != tgt.pad_id).sum()))
 
 
-def make_loader(pairs: EncodedPairs, sampler: TokenBatchSampler, collator: Collator,
+def make_loader(pairs: Dataset, sampler: TokenBatchSampler, collator: Collator,
                 num_workers: int = 0) -> DataLoader:
     # A private generator: otherwise every new iterator draws a seed from the global torch RNG,
     # which shifts the dropout masks of everything after it (and breaks exact resume).

@@ -10,7 +10,7 @@ import os
 import pickle
 import random
 import re
-import tempfile
+import secrets
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -26,16 +26,23 @@ def atomic_save(obj: dict, path: Path) -> int:
 
     A crash at any moment leaves either the old file or the new one, never a partial file.
     Returns the size in bytes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Created like any other file (mode 0666 less the umask; mkstemp would make it 0600) under a
+    # name no other process uses; remove_partial_writes knows the pattern.
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise TmtError(f"cannot write checkpoint {path}: {exc.strerror or exc} ({exc.filename}); "
+                       f"make {path.parent} a writable folder") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
+        os.replace(tmp, path)
     except BaseException as exc:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise TmtError(f"could not write checkpoint {path}: {exc.strerror or exc}; the "
                            f"previous checkpoint is untouched (free disk space and resume)") from None
@@ -46,6 +53,19 @@ def atomic_save(obj: dict, path: Path) -> int:
     finally:
         os.close(directory_fd)
     return path.stat().st_size
+
+
+def check_writable(directory: Path) -> None:
+    """Stop at the start of a run, not at its first checkpoint, if `directory` cannot take
+    checkpoints (a file in its place, a dangling link, no permission, a read-only disk)."""
+    probe = directory / f".write-test.{os.getpid()}.tmp"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        probe.unlink()
+    except OSError as exc:
+        raise TmtError(f"cannot write checkpoints to {directory}: {exc.strerror or exc}; make it "
+                       f"a writable folder or choose another run with --run-dir") from None
 
 
 def remove_partial_writes(directory: Path) -> None:

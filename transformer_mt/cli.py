@@ -16,6 +16,7 @@ from typing import Iterable, Iterator
 
 from .errors import TmtError
 from .openmp import configure_openmp
+from .paths import STDIO, refuse_overwriting_inputs
 
 log = logging.getLogger("transformer_mt")
 
@@ -211,21 +212,23 @@ def _load_translator(args: argparse.Namespace, checkpoint: Path):
 
 
 def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
-    """The sentences given as arguments, else the lines of --input FILE or of stdin, read
-    lazily so that a large file is never held in memory at once."""
+    """The sentences given as arguments, else the lines of --input FILE or of stdin (`-`), read
+    lazily so that a large file is never held in memory at once. Bytes that are not UTF-8 stop
+    the command with the line's number."""
+    from .data import utf8_lines
+
     if sentences:
         yield from sentences
         return
-    if input_file:
+    if input_file and input_file != STDIO:
         try:
-            handle = open(input_file, encoding="utf-8")
+            handle, name = open(input_file, "rb"), input_file
         except OSError as exc:
             raise TmtError(f"cannot read --input {input_file}: {exc.strerror}") from None
     else:
-        handle = sys.stdin
+        handle, name = sys.stdin.buffer, "stdin"
     with handle:
-        for line in handle:
-            yield line.rstrip("\r\n")
+        yield from utf8_lines(handle, name)
 
 
 def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -235,7 +238,7 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 
 def _open_output(path: str | None):
-    if not path:
+    if not path or path == STDIO:
         return contextlib.nullcontext(sys.stdout)
     try:
         return open(path, "w", encoding="utf-8")
@@ -252,9 +255,19 @@ def cmd_translate(args: argparse.Namespace) -> int:
                        "argument")
     if args.sentences and args.input:
         raise TmtError("pass sentences as arguments or --input FILE, not both")
-    if args.input and not Path(args.input).is_file():
-        raise TmtError(f"--input file not found: {args.input}")
-    translator, beam = _load_translator(args, _checkpoint_path(args))
+    # Pipes are fine (--input <(zcat x.gz)); folders and missing paths are not.
+    if args.input and args.input != STDIO and (Path(args.input).is_dir()
+                                               or not Path(args.input).exists()):
+        problem = "is a directory" if Path(args.input).is_dir() else "file not found"
+        raise TmtError(f"--input {args.input}: {problem}; pass a text file, or - for stdin")
+    # Before anything is loaded, and long before an output file is opened.
+    refuse_overwriting_inputs(args.output, [("--input", args.input)])
+    refuse_overwriting_inputs(args.attention, [("--input", args.input), ("--output", args.output)],
+                              "--attention")
+    checkpoint = _checkpoint_path(args)
+    for output, option in ((args.output, "--output"), (args.attention, "--attention")):
+        refuse_overwriting_inputs(output, [("the checkpoint", checkpoint)], option)
+    translator, beam = _load_translator(args, checkpoint)
     alpha = translator.decode_cfg.length_penalty
     with _open_output(args.output) as out:
         index = 0
@@ -280,7 +293,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- evaluate
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import default_output, evaluate, file_test_set, run_test_set, write_outputs
+    from .evaluate import default_output, evaluate, file_test_set, report_path, run_test_set, \
+        write_outputs
     from .run import RunDir, run_of_checkpoint
 
     setup_logging(logging.WARNING)
@@ -300,10 +314,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            f"test split, or --src FILE --ref FILE")
         test = run_test_set(run)
     translator, beam = _load_translator(args, checkpoint)
+    hyp_path = Path(args.output) if args.output else default_output(checkpoint, test, beam)
+    if report_path(hyp_path) == hyp_path:
+        raise TmtError(f"--output {hyp_path}: the JSON report is written beside the hypotheses "
+                       f"with the suffix .json, so their file must not end in .json")
+    inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", checkpoint)]
+    refuse_overwriting_inputs(hyp_path, inputs)
+    refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
     hypotheses, report = evaluate(translator, test, beam, checkpoint)
     if args.unseen:
         report["unseen"] = _evaluate_unseen(run, translator, beam, checkpoint)
-    hyp_path = Path(args.output) if args.output else default_output(checkpoint, test, beam)
     json_path = write_outputs(hypotheses, report, hyp_path)
     if args.json:
         print(json.dumps(report))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -48,9 +49,10 @@ class DataConfig:
     tgt_lang: str = _spec("it", "target language code")
     max_pairs: Optional[int] = _spec(None, "keep a seeded random sample of this many pairs "
                                      "(null: all)", low=1)
-    max_len: int = _spec(100, "longest sentence, in words, on either side", low=1)
+    max_len: int = _spec(100, "longest sentence, in tokens (words, punctuation marks), either "
+                         "side", low=1)
     long_sentences: str = _spec("filter", "filter: drop longer pairs | truncate: cut them to "
-                                "max_len words", choices=("filter", "truncate"))
+                                "max_len tokens", choices=("filter", "truncate"))
     valid_size: int = _spec(1000, "distinct source sentences held out for validation (at least: "
                             "whole groups of pairs that share a source or target sentence)",
                             low=1)
@@ -202,6 +204,14 @@ def _type_name(tp: Any) -> str:
             tuple: "a list"}.get(tp, str(tp))
 
 
+def _is_finite(value: Any) -> bool:
+    """False for float nan/inf and for strings that Python reads as them ("nan", "-Infinity")."""
+    try:
+        return math.isfinite(float(value)) if isinstance(value, (float, str)) else True
+    except ValueError:
+        return True     # not a number at all: the type check reports it
+
+
 def _coerce(where: str, value: Any, annotation: Any, meta: dict) -> Any:
     """Check `value` against the field's annotation and range; return it in the field's type."""
     hints = typing.get_args(annotation) if typing.get_origin(annotation) in (
@@ -214,6 +224,10 @@ def _coerce(where: str, value: Any, annotation: Any, meta: dict) -> Any:
         raise ConfigError(f"{where}: must be {_type_name(base)}, got null")
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if base is float and not _is_finite(value):
+        # nan passes every range check (all comparisons with it are false) and inf would
+        # overflow later: refuse both here, whether YAML (.nan, .inf) or --set (nan, 1e999).
+        raise ConfigError(f"{where}: must be a finite number, got {value!r}")
     if base is tuple and isinstance(value, list):
         value = tuple(value)
     if base is int and isinstance(value, bool) or not isinstance(value, base):
@@ -273,7 +287,9 @@ def _check_consistency(cfg: Config) -> None:
             raise ConfigError(f"tokenizer.type '{kind}' shares one vocabulary between the "
                               "languages: set model.tie_embeddings: true (source, target and "
                               "output embeddings become one matrix)")
-    if len(cfg.train.adam_betas) != 2 or not all(0 <= b < 1 for b in cfg.train.adam_betas):
+    betas = cfg.train.adam_betas
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                                  and 0 <= b < 1 for b in betas):
         raise ConfigError(f"train.adam_betas: must be two numbers in [0, 1), "
                           f"got {list(cfg.train.adam_betas)}")
 

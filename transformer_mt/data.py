@@ -6,6 +6,7 @@ Every source ends up as a `datasets.Dataset` with two string columns, `src` and 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import random
@@ -15,12 +16,14 @@ import threading
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO, Iterator
 
 import datasets
 import numpy as np
 
 from .config import DataConfig
 from .errors import TmtError
+from .tokenizer import token_limit_end
 
 log = logging.getLogger(__name__)
 
@@ -46,61 +49,109 @@ def column(ds: datasets.Dataset, name: str) -> list:
 
 
 def _local_file(path: str | None, what: str) -> str:
+    if path and Path(path).is_dir():
+        raise TmtError(f"{path} ({what}) is a directory; point the config at a corpus file")
     if not path or not Path(path).is_file():
         raise TmtError(f"corpus file not found: {path} ({what}); point the config at an existing "
                        f"file, e.g. --set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
     return path
 
 
-def _read_lines(path: str) -> datasets.Dataset:
+def utf8_lines(handle: BinaryIO, name: str) -> Iterator[str]:
+    """The lines of a byte stream as text, without their line endings (LF or CRLF; a final newline
+    adds no line) and without a UTF-8 byte-order mark. Only LF ends a line, so that line numbers
+    match what editors and `wc -l` show (str.splitlines would also split at U+2028 and friends).
+    Bytes that are not UTF-8 stop the reading with the line's number."""
+    for number, raw in enumerate(handle, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            hint = " (it looks like UTF-16)" if raw.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
+            raise TmtError(f"{name}: line {number} is not UTF-8 text{hint}: {exc.reason} at byte "
+                           f"{exc.start + 1} of the line; convert it to UTF-8 (e.g. iconv -f "
+                           f"latin1 -t utf-8)") from None
+        if number == 1:
+            line = line.removeprefix("\ufeff")
+        yield line.removesuffix("\n").removesuffix("\r")
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file (see `utf8_lines`); an empty file is an error."""
     try:
-        return datasets.load_dataset("text", data_files=path, split="train")
-    except UnicodeDecodeError as exc:
-        raise TmtError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); convert the "
-                       f"file to UTF-8") from None
+        with open(path, "rb") as handle:
+            lines = list(utf8_lines(handle, str(path)))
+    except OSError as exc:
+        raise TmtError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not lines:
+        raise TmtError(f"{path} is empty: it holds no sentences")
+    return lines
 
 
-def _report_malformed(path: str, bad_lines: list[int], total: int) -> None:
-    if bad_lines:
-        shown = ", ".join(map(str, bad_lines[:MALFORMED_LINES_SHOWN]))
-        more = ", ..." if len(bad_lines) > MALFORMED_LINES_SHOWN else ""
-        log.warning("%s: skipped %d of %d lines that are not 'source<TAB>target' (lines %s%s)",
-                    path, len(bad_lines), total, shown, more)
+def _report_skipped(where: str, bad_rows: list[int], total: int, unit: str, what: str) -> None:
+    if bad_rows:
+        shown = ", ".join(map(str, bad_rows[:MALFORMED_LINES_SHOWN]))
+        more = ", ..." if len(bad_rows) > MALFORMED_LINES_SHOWN else ""
+        log.warning("%s: skipped %d of %d %s %s (%s %s%s)", where, len(bad_rows), total, unit,
+                    what, unit, shown, more)
 
 
 def _load_tsv(cfg: DataConfig) -> datasets.Dataset:
     # Read as plain lines and split on the tab ourselves: a CSV reader would interpret the
     # quote characters that the Tatoeba file contains.
     path = _local_file(cfg.path, "data.path")
-    lines = column(_read_lines(path), "text")
-    fields = [line.split("\t") for line in lines]
-    _report_malformed(path, [i + 1 for i, f in enumerate(fields) if len(f) != 2], len(fields))
+    fields = [line.split("\t") for line in read_text_lines(path)]
+    _report_skipped(path, [i + 1 for i, f in enumerate(fields) if len(f) != 2], len(fields),
+                    "lines", "that are not 'source<TAB>target'")
     good = [f for f in fields if len(f) == 2]
     return datasets.Dataset.from_dict({"src": [f[0] for f in good], "tgt": [f[1] for f in good]})
 
 
+def _as_mapping(row: Any) -> dict:
+    """One row of a `translation` column as a dict ({} for null or junk). When rows have
+    different keys, `datasets` keeps the column as JSON text."""
+    if isinstance(row, str):
+        try:
+            row = json.loads(row)
+        except ValueError:
+            return {}
+    return row if isinstance(row, dict) else {}
+
+
 def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Dataset:
-    """Accept the opus_books schema {"translation": {src: ..., tgt: ...}} or flat src/tgt columns."""
+    """Accept the opus_books schema {"translation": {src: ..., tgt: ...}} or flat src/tgt columns.
+    Rows without a text in both languages are skipped and reported, as malformed TSV lines are."""
     columns = ds.column_names
     if "translation" in columns:
-        first = ds[0]["translation"] if len(ds) else {}
-        missing = [lang for lang in (cfg.src_lang, cfg.tgt_lang) if lang not in (first or {})]
-        if missing:
-            have = ", ".join(sorted(first or {})) or "none"
-            raise TmtError(f"{where}: no language '{missing[0]}' in the 'translation' column "
-                           f"(it has: {have}); set data.src_lang / data.tgt_lang")
-        return ds.map(lambda b: {"src": [t[cfg.src_lang] or "" for t in b["translation"]],
-                                 "tgt": [t[cfg.tgt_lang] or "" for t in b["translation"]]},
-                      batched=True, remove_columns=columns)
-    if cfg.src_lang in columns and cfg.tgt_lang in columns:
-        return ds.map(lambda b: {"src": b[cfg.src_lang], "tgt": b[cfg.tgt_lang]},
-                      batched=True, remove_columns=columns)
-    raise TmtError(f"{where}: expected a 'translation' column or columns '{cfg.src_lang}' and "
-                   f"'{cfg.tgt_lang}', found: {', '.join(columns)}")
+        rows = [_as_mapping(row) for row in column(ds, "translation")]
+        src = [row.get(cfg.src_lang) for row in rows]
+        tgt = [row.get(cfg.tgt_lang) for row in rows]
+        languages = sorted({lang for row in rows for lang, text in row.items()
+                            if text is not None})
+    elif cfg.src_lang in columns and cfg.tgt_lang in columns:
+        src, tgt = column(ds, cfg.src_lang), column(ds, cfg.tgt_lang)
+        languages = columns
+    else:
+        raise TmtError(f"{where}: expected a 'translation' column or columns '{cfg.src_lang}' and "
+                       f"'{cfg.tgt_lang}', found: {', '.join(columns)}")
+    if not src:
+        raise TmtError(f"{where} is empty: it holds no sentence pairs")
+    good = [isinstance(s, str) and isinstance(t, str) for s, t in zip(src, tgt)]
+    if not any(good):
+        absent = [lang for lang in (cfg.src_lang, cfg.tgt_lang) if lang not in languages]
+        detail = (f"no language '{absent[0]}' in any row" if absent else
+                  f"no row has a text in both '{cfg.src_lang}' and '{cfg.tgt_lang}'")
+        raise TmtError(f"{where}: {detail} (the rows have: {', '.join(languages) or 'none'}); "
+                       f"set data.src_lang / data.tgt_lang")
+    _report_skipped(where, [i + 1 for i, ok in enumerate(good) if not ok], len(good), "rows",
+                    f"with no text in '{cfg.src_lang}' or '{cfg.tgt_lang}'")
+    return datasets.Dataset.from_dict({"src": [s for s, ok in zip(src, good) if ok],
+                                       "tgt": [t for t, ok in zip(tgt, good) if ok]})
 
 
 def _load_structured(cfg: DataConfig, builder: str) -> datasets.Dataset:
     path = _local_file(cfg.path, "data.path")
+    if os.path.getsize(path) == 0:
+        raise TmtError(f"{path} is empty: it holds no sentence pairs")
     try:
         ds = datasets.load_dataset(builder, data_files=path, split="train")
     except Exception as exc:  # datasets wraps parser errors in several exception types
@@ -111,12 +162,12 @@ def _load_structured(cfg: DataConfig, builder: str) -> datasets.Dataset:
 
 
 def _load_text_pair(cfg: DataConfig) -> datasets.Dataset:
-    src = _read_lines(_local_file(cfg.src_path, "data.src_path"))
-    tgt = _read_lines(_local_file(cfg.tgt_path, "data.tgt_path"))
+    src = read_text_lines(_local_file(cfg.src_path, "data.src_path"))
+    tgt = read_text_lines(_local_file(cfg.tgt_path, "data.tgt_path"))
     if len(src) != len(tgt):
         raise TmtError(f"{cfg.src_path} has {len(src)} lines but {cfg.tgt_path} has {len(tgt)}; "
                        f"the two files must be line-aligned")
-    return datasets.Dataset.from_dict({"src": column(src, "text"), "tgt": column(tgt, "text")})
+    return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -188,13 +239,11 @@ def normalize_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def limit_length(text: str, max_words: int) -> str:
-    words = text.split(" ")
-    return text if len(words) <= max_words else " ".join(words[:max_words])
-
-
 def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[str], list[str]]:
-    """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate long ones."""
+    """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate pairs with more
+    than `cfg.max_len` tokens on a side. Tokens are counted as the word-level tokenizer splits
+    text (a run of 30,000 punctuation marks is 30,000 tokens, not one word), so no pair kept
+    here encodes to more than max_len word-level tokens."""
     seen = set()
     out_src, out_tgt = [], []
     empty = duplicates = too_long = 0
@@ -207,16 +256,17 @@ def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[s
             duplicates += 1
             continue
         seen.add((s, t))
-        if max(s.count(" "), t.count(" ")) + 1 > cfg.max_len:
+        s_end, t_end = token_limit_end(s, cfg.max_len), token_limit_end(t, cfg.max_len)
+        if s_end is not None or t_end is not None:
             too_long += 1
             if cfg.long_sentences == "filter":
                 continue
-            s, t = limit_length(s, cfg.max_len), limit_length(t, cfg.max_len)
+            s, t = s[:s_end].rstrip(), t[:t_end].rstrip()
         out_src.append(s)
         out_tgt.append(t)
     action = "dropped" if cfg.long_sentences == "filter" else "truncated"
     log.info("corpus: %d pairs read, %d empty dropped, %d duplicates dropped, %d longer than %d "
-             "words %s, %d kept", len(src), empty, duplicates, too_long, cfg.max_len, action,
+             "tokens %s, %d kept", len(src), empty, duplicates, too_long, cfg.max_len, action,
              len(out_src))
     return out_src, out_tgt
 
@@ -343,6 +393,22 @@ def save_splits(splits: Splits, directory: Path) -> None:
         ds.save_to_disk(str(directory / name))
 
 
+def load_split(path: Path) -> datasets.Dataset:
+    """One split saved by `save_splits`, checked whole: a damaged one ends in a TmtError naming it
+    rather than in a crash later, halfway through an epoch."""
+    try:
+        ds = datasets.load_from_disk(str(path))
+        if not isinstance(ds, datasets.Dataset) or not {"src", "tgt"} <= set(ds.column_names):
+            raise ValueError("not a split with 'src' and 'tgt' columns")
+        ds.data.validate(full=True)
+    # datasets and Arrow raise many types (JSON, Arrow, OS, key errors) for damaged files; all
+    # mean the same to the user.
+    except Exception as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TmtError(f"the run's saved split {path} is damaged or missing ({detail}); "
+                       f"restore the run directory from a backup or start a new run") from None
+    return ds
+
+
 def load_splits(directory: Path) -> Splits:
-    return Splits(**{name: datasets.load_from_disk(str(directory / name))
-                     for name in ("train", "valid", "test")})
+    return Splits(**{name: load_split(directory / name) for name in ("train", "valid", "test")})

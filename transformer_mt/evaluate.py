@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from .data import column
+from .data import column, read_text_lines
 from .errors import TmtError
 from .run import RunDir, load_test_split
 from .translator import Translator
@@ -47,24 +47,12 @@ class EvalSet:
     references: list[str]
 
 
-def read_lines(path: Path) -> list[str]:
-    """A plain text file as its lines, without line endings (a final newline adds no line)."""
-    if not path.is_file():
-        raise TmtError(f"file not found: {path}")
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise TmtError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-
-
 def file_test_set(src: Path, ref: Path) -> EvalSet:
     """Line-aligned source and reference files; the references are scored as they are."""
-    sources, references = read_lines(src), read_lines(ref)
+    sources, references = read_text_lines(src), read_text_lines(ref)
     if len(sources) != len(references):
         raise TmtError(f"{src} has {len(sources)} lines but {ref} has {len(references)}; "
                        f"source and reference files must be line-aligned")
-    if not sources:
-        raise TmtError(f"{src} is empty: nothing to evaluate")
     return EvalSet(src.stem, sources, references)
 
 
@@ -120,6 +108,11 @@ def default_output(checkpoint: Path, test: EvalSet, beam_size: int) -> Path:
     return folder / f"{test.name}.{checkpoint.stem}.beam{beam_size}.hyp"
 
 
+def report_path(hyp_path: Path) -> Path:
+    """Where the JSON report of the hypotheses at `hyp_path` goes: beside them, suffix .json."""
+    return hyp_path.with_suffix(".json")
+
+
 def write_outputs(hypotheses: list[str], report: dict, hyp_path: Path) -> Path:
     """Write the hypotheses (one per line) and the report as JSON beside them; returns the
     report's path. The report records where the hypotheses are."""
@@ -127,7 +120,7 @@ def write_outputs(hypotheses: list[str], report: dict, hyp_path: Path) -> Path:
         hyp_path.parent.mkdir(parents=True, exist_ok=True)
         hyp_path.write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         report["hypotheses"] = str(hyp_path)
-        json_path = hyp_path.with_suffix(".json")
+        json_path = report_path(hyp_path)
         json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise TmtError(f"could not write {hyp_path}: {exc.strerror or exc}; choose another "

@@ -18,7 +18,7 @@ import datasets
 
 from .batching import EncodedPairs, encode_split
 from .config import Config
-from .data import Splits, column, load_splits, prepare_splits, save_splits
+from .data import Splits, column, load_split, load_splits, prepare_splits, save_splits
 from .errors import TmtError
 # RunDir and the run lookups lived here before rundir.py; they are still imported from here.
 from .rundir import (CHECKPOINT_NAMES, RunDir, commit_staging, find_checkpoint,  # noqa: F401
@@ -127,4 +127,4 @@ def load_test_split(run: RunDir) -> datasets.Dataset:
     path = run.data / "test"
     if not (path / "dataset_info.json").is_file():
         raise TmtError(f"{run.path} has no saved test split ({path}); is it a tmt run directory?")
-    return datasets.load_from_disk(str(path))
+    return load_split(path)

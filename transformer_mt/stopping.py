@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 
-from tqdm import tqdm
+log = logging.getLogger(__name__)
 
 
 class StopRequest:
@@ -28,5 +29,6 @@ class StopRequest:
         if self.signal is not None:
             raise KeyboardInterrupt
         self.signal = signum
-        tqdm.write(f"{signal.Signals(signum).name}: finishing the current step and saving a "
-                   f"checkpoint (press Ctrl-C again to quit at once)")
+        # Through the log: to stderr with everything else the run prints, and into train.log.
+        log.warning("%s: finishing the current step and saving a checkpoint (press Ctrl-C again "
+                    "to quit at once)", signal.Signals(signum).name)

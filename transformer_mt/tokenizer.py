@@ -24,13 +24,32 @@ SPACE_MARKER = "▁"
 NO_CAP = 2**31 - 1
 
 
-def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
-    """Split on spaces (marking them with ▁) and punctuation; decode by joining the pieces and
-    turning each ▁ back into a space."""
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+def _word_splitter() -> pre_tokenizers.PreTokenizer:
+    """Split on spaces (marking them with ▁) and punctuation: one word-level token per piece."""
+    return pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always", split=True),
         pre_tokenizers.Punctuation("isolated"),
     ])
+
+
+_WORD_SPLITTER = _word_splitter()
+
+
+def token_limit_end(text: str, max_len: int) -> int | None:
+    """None if `text` splits into at most `max_len` word-level tokens; otherwise the character
+    offset where its first `max_len` tokens end (where to truncate it)."""
+    # A text splits into at most len(text) + 1 pieces (a ▁ before punctuation stands alone), so
+    # almost every sentence is decided without running the splitter.
+    if len(text) < max_len:
+        return None
+    pieces = _WORD_SPLITTER.pre_tokenize_str(text)
+    return pieces[max_len - 1][1][1] if len(pieces) > max_len else None
+
+
+def _with_word_splitting(tokenizer: Tokenizer) -> Tokenizer:
+    """Split words and punctuation; decode by joining the pieces and turning each ▁ back into a
+    space."""
+    tokenizer.pre_tokenizer = _word_splitter()
     tokenizer.decoder = decoders.Metaspace(replacement=SPACE_MARKER, prepend_scheme="always",
                                            split=True)
     return tokenizer

@@ -11,14 +11,16 @@ import signal
 import time
 from typing import Iterator
 
+import numpy as np
 import torch
+from torch.utils.data import Dataset, Subset
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from .attention_plot import attention_figure, cross_attention
-from .batching import Batch, Collator, TokenBatchSampler, make_loader
-from .checkpoint import atomic_save, human_size, rng_state, rotate, set_rng_state, \
-    step_checkpoint_name
+from .batching import Batch, Collator, EncodedPairs, TokenBatchSampler, make_loader
+from .checkpoint import atomic_save, check_writable, human_size, rng_state, rotate, \
+    set_rng_state, step_checkpoint_name
 from .config import Config
 from .device import autocast
 from .distributed import DistInfo, any_rank, broadcast_from_main, gather_to_main, \
@@ -53,6 +55,26 @@ def label_smoothed_loss(hidden: torch.Tensor, labels: torch.Tensor, projection: 
                                          labels[real], smoothing)
 
 
+def trainable_pairs(pairs: EncodedPairs, max_len: int) -> tuple[Dataset, np.ndarray]:
+    """The training pairs with at most `max_len` tokens on each side, and their batch lengths.
+
+    The corpus was filtered by word-level tokens already; subword (BPE) encodings can be longer,
+    and this is the last point where every length is known. The frozen split and tokenizers
+    decide the result, so a resumed run keeps the same pairs and batch plan."""
+    lengths = pairs.lengths()
+    # lengths() counts the special tokens around each side: [SOS] src [EOS], tgt + one.
+    fits = (lengths[:, 0] - 2 <= max_len) & (lengths[:, 1] - 1 <= max_len)
+    if fits.all():
+        return pairs, lengths
+    kept = np.flatnonzero(fits)
+    if not len(kept):
+        raise TmtError(f"every training pair encodes to more than data.max_len={max_len} tokens "
+                       f"on a side; raise data.max_len")
+    log.info("%d of %d training pairs dropped: longer than data.max_len=%d subword tokens on a "
+             "side", len(pairs) - len(kept), len(pairs), max_len)
+    return Subset(pairs, kept.tolist()), lengths[kept]
+
+
 class Trainer:
     def __init__(self, cfg: Config, run: RunDir, data: RunData, model: Transformer,
                  device: torch.device, dist_info: DistInfo = DistInfo()):
@@ -72,7 +94,8 @@ class Trainer:
                                           eps=t.adam_eps, weight_decay=t.weight_decay, fused=True)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: noam_factor(step + 1, t.warmup_steps))
-        self.sampler = TokenBatchSampler(data.train.lengths(), t.batch_tokens, t.seed,
+        self.train_pairs, lengths = trainable_pairs(data.train, cfg.data.max_len)
+        self.sampler = TokenBatchSampler(lengths, t.batch_tokens, t.seed,
                                          rank=dist_info.rank, world_size=dist_info.world_size)
         self.collator = Collator(data.src_codec, data.tgt_codec)
         self.valid_sampler = TokenBatchSampler(data.valid.lengths(), t.batch_tokens, t.seed,
@@ -238,7 +261,7 @@ class Trainer:
     def _step_groups(self) -> Iterator[list[Batch]]:
         """The rest of the current epoch, `accumulate` batches at a time."""
         self.sampler.set_epoch(self.epoch, self.batch_in_epoch)
-        batches = iter(make_loader(self.data.train, self.sampler, self.collator,
+        batches = iter(make_loader(self.train_pairs, self.sampler, self.collator,
                                    self.cfg.train.num_workers))
         while group := list(itertools.islice(batches, self.cfg.train.accumulate)):
             yield group
@@ -246,6 +269,8 @@ class Trainer:
     def _log_train(self, loss: float, lr: float, grad_norm: float, tokens_per_s: float) -> None:
         if self.writer is None:
             return
+        log.info("step %d: loss %.3f, lr %.2e, grad norm %.2f, %.0f tokens/s", self.step, loss,
+                 lr, grad_norm, tokens_per_s)
         for key, value in (("loss", loss), ("lr", lr), ("grad_norm", grad_norm),
                            ("tokens_per_s", tokens_per_s)):
             self.writer.add_scalar(f"train/{key}", value, self.step)
@@ -306,7 +331,13 @@ class Trainer:
         signal. Returns the process exit code."""
         t = self.cfg.train
         total = self.total_steps()
+        if self.step >= total:
+            log.info("no step to train: the run is at step %d of %d (train.max_steps %s, "
+                     "train.max_epochs %d); its data and tokenizers are ready in %s", self.step,
+                     total, t.max_steps, t.max_epochs, self.run.path)
+            return 0
         if self.dist.is_main:
+            check_writable(self.run.checkpoints)
             # Events after the checkpoint are replayed by this run: drop the stale ones.
             self.writer = SummaryWriter(str(self.run.tensorboard), purge_step=self.step + 1)
         bar = tqdm(total=total, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
@@ -351,7 +382,8 @@ class Trainer:
                     self.epoch += 1
                     self.batch_in_epoch = 0
             bar.close()
-            if reason in (None, "max_steps") and last_saved != self.step:
+            # A finished run always ends validated, so it has a best.pt and a best score.
+            if reason in (None, "max_steps") and self.step not in self.validation_bleu:
                 self._validate_and_checkpoint()
             elif reason == "signal" and last_saved != self.step:
                 self.save_checkpoint()
@@ -365,9 +397,12 @@ class Trainer:
                      self.step, self.run.path)
             return 130 if signum in (signal.SIGINT, None) else 143
         if reason == "faults":
+            last_good = (f"the last good checkpoint is {self.run.last} (lower train.lr or check "
+                         f"the data, then resume)" if self.run.last.is_file() else
+                         "no checkpoint was written yet (lower train.lr or check the data, then "
+                         "start again)")
             log.error("stopping: %d consecutive steps up to step %d had a non-finite loss or "
-                      "gradient; the last good checkpoint is %s (lower train.lr or check the "
-                      "data, then resume)", self.bad_steps, self.step, self.run.last)
+                      "gradient; %s", self.bad_steps, self.step, last_good)
             return 1
         if reason == "patience":
             log.info("early stopping at step %d: no better validation BLEU in %d validations",

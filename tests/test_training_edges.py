@@ -1,0 +1,48 @@
+"""What a run does and says at its edges: no step to train, no validation during the run, faults
+before the first checkpoint, and the progress lines of train.log."""
+
+import math
+
+from transformer_mt import training
+from transformer_mt.cli import main
+
+
+def _train(tiny_config, run_dir, *extra: str) -> int:
+    return main(["train", "--config", str(tiny_config), "--run-dir", str(run_dir), *extra])
+
+
+def test_max_steps_0_prepares_the_run_and_trains_nothing(tmp_path, tiny_config, capsys):
+    run_dir = tmp_path / "run"
+    assert _train(tiny_config, run_dir, "--max-steps", "0") == 0
+    assert "no step to train: the run is at step 0 of 0" in capsys.readouterr().err
+    assert (run_dir / "tokenizers" / "tgt.json").is_file()
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+
+
+def test_a_run_without_validation_on_the_way_validates_at_its_end(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    assert _train(tiny_config, run_dir, "--set", "train.valid_every=1000") == 0
+    log = (run_dir / "train.log").read_text()
+    assert "validation at step 6:" in log and "BLEU -1.00" not in log
+    assert (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+def test_train_log_has_a_progress_line_every_log_every_steps(tmp_path, tiny_config):
+    run_dir = tmp_path / "run"
+    assert _train(tiny_config, run_dir, "--set", "train.log_every=2") == 0
+    lines = [line for line in (run_dir / "train.log").read_text().splitlines()
+             if " INFO step " in line]
+    assert [line.split(" INFO step ")[1].split(":")[0] for line in lines] == ["2", "4", "6"]
+    assert all("loss" in line and "lr" in line and "tokens/s" in line for line in lines)
+
+
+def test_faults_before_the_first_checkpoint_name_no_missing_file(tmp_path, tiny_config,
+                                                                  monkeypatch, capsys):
+    real = training.label_smoothed_loss
+    monkeypatch.setattr(training, "label_smoothed_loss",
+                        lambda *args, **kwargs: real(*args, **kwargs) * math.nan)
+    run_dir = tmp_path / "run"
+    assert _train(tiny_config, run_dir, "--set", "train.max_bad_steps=2") == 1
+    err = capsys.readouterr().err
+    assert "2 consecutive steps up to step 2" in err and "no checkpoint was written yet" in err
+    assert "last.pt" not in err and not (run_dir / "checkpoints" / "last.pt").exists()

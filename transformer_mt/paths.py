@@ -1,0 +1,33 @@
+"""Output never destroys input: the check every command runs before it opens a file to write."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from .errors import TmtError
+
+STDIO = "-"     # `--input -` reads stdin, `--output -` writes stdout
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """True if `a` and `b` name one file: the same path once `.`, `..` and symbolic links are
+    resolved, or two hard links to one inode. Paths that do not exist compare by resolved path."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def refuse_overwriting_inputs(output: str | Path | None,
+                              inputs: Iterable[tuple[str, str | Path | None]],
+                              option: str = "--output") -> None:
+    """Stop with a TmtError if the file that `option` names (`output`) is one of `inputs`,
+    (what, path) pairs. None and `-` (stdin, stdout) are no files and are skipped."""
+    if output is None or str(output) == STDIO:
+        return
+    for what, path in inputs:
+        if path is not None and str(path) != STDIO and same_file(output, path):
+            raise TmtError(f"{option} {output} is the same file as {what} {path}: writing it would "
+                           f"destroy that input; choose another output file")
