@@ -106,6 +106,10 @@ class DecodeConfig:
     batch_size: int = _spec(64, low=1)
     batch_tokens: Optional[int] = _spec(None, low=1)
     max_input_tokens: int = _spec(256, low=1)
+    # Sampling instead of greedy search (e.g. for back-translation): 0 = off, else draw each
+    # token from the K most probable ones, their probabilities sharpened by 1 / temperature.
+    sample_topk: int = _spec(0, low=0)
+    temperature: float = _spec(1.0, low=0.0, low_open=True)
 
 
 @dataclass(frozen=True)
