@@ -231,6 +231,8 @@ def create_app(loaded: LoadedModel, limits: ServeLimits = ServeLimits()) -> Fast
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get(
             "msg", "invalid request")
+        if first.get("type") == "model_attributes_type":     # not a JSON object at all
+            message = "the body must be a JSON object, sent as Content-Type: application/json"
         return _error(422, f"invalid request: {message}", detail=jsonable(exc.errors()))
 
     @app.exception_handler(RequestError)
@@ -318,6 +320,8 @@ def serve(loaded: LoadedModel, host: str, port: int, limits: ServeLimits,
         sock = socket.socket(info[0], socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(info[4])
+        # Listening now: connections made before uvicorn starts wait in the backlog.
+        sock.listen(2048)
     except OSError as exc:
         raise TmtError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound_port = sock.getsockname()[1]
@@ -325,8 +329,8 @@ def serve(loaded: LoadedModel, host: str, port: int, limits: ServeLimits,
                             access_log=access_log, timeout_graceful_shutdown=60)
     server = uvicorn.Server(config)
     shown_host = f"[{host}]" if ":" in host else host
-    print(f"tmt: serving {loaded.describe()}\ntmt: listening on http://{shown_host}:{bound_port}/ "
-          f"(API docs at /docs); Ctrl-C or SIGTERM stops", file=sys.stderr, flush=True)
+    print(f"tmt: listening on http://{shown_host}:{bound_port}/ (API docs at /docs); Ctrl-C or "
+          f"SIGTERM stops", file=sys.stderr, flush=True)
     with _quiet_exit_signals():
         server.run(sockets=[sock])
     print("tmt: server stopped", file=sys.stderr)
