@@ -141,14 +141,16 @@ class CT2Translator(Translator):
         (not GNMT's penalty), so they rank alike but differ in value from the PyTorch ones."""
         encoded = [self.encode_source(s) for s in sentences]
         results = [[Hypothesis([], 0.0)] for _ in sentences]
+        # min_decoding_length 0: [EOS] may come first, as in tmt's search.
         options = dict(beam_size=beam_size, num_hypotheses=nbest, length_penalty=alpha,
-                       return_scores=True, max_input_length=0)
+                       return_scores=True, max_input_length=0, min_decoding_length=0)
         decode = self.decode_cfg
         if decode.sample_topk and beam_size == 1 and nbest == 1:
             options.update(sampling_topk=decode.sample_topk,
                            sampling_temperature=decode.temperature)
             if self.generator is not None:
-                # CTranslate2 has one global seed: draw it from this translator's generator.
+                # CTranslate2 seeds each of its threads' generators once, when it first samples:
+                # so a seed makes a process's samples repeatable, not each call's.
                 _ctranslate2().set_random_seed(
                     int(torch.randint(2 ** 31, (1,), generator=self.generator)))
         token_id = self.tgt_codec.tokenizer.token_to_id
