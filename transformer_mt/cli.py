@@ -346,13 +346,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import ServeLimits, serve
 
     setup_logging(logging.WARNING)
+    if min(args.max_sentences, args.max_chars, args.max_batch_sentences) < 1 or \
+            not 0 <= args.batch_wait_ms <= 10_000:
+        raise TmtError("--max-sentences, --max-chars and --max-batch-sentences must be at "
+                       "least 1, --batch-wait-ms between 0 and 10000")
+    if not 0 <= args.port <= 65535:
+        raise TmtError(f"--port must be between 0 and 65535, got {args.port}")
     limits = ServeLimits(args.max_sentences, args.max_chars, args.batch_wait_ms,
                          args.max_batch_sentences)
-    if min(args.max_sentences, args.max_chars, args.max_batch_sentences) < 1 or \
-            args.batch_wait_ms < 0:
-        raise TmtError("--max-sentences, --max-chars and --max-batch-sentences must be at "
-                       "least 1, --batch-wait-ms at least 0")
-    args.nbest = 1
     loaded, _ = _load_model(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"tmt: warning: --host {args.host} lets other machines reach this server; tmt "

@@ -25,7 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Iterator, Union
 
@@ -91,7 +91,6 @@ class Job:
     sentences: list[str]
     key: DecodeKey
     future: asyncio.Future
-    result: dict = field(default_factory=dict)
 
 
 class Batcher:
@@ -104,7 +103,6 @@ class Batcher:
         # One worker: the model is used by one batch at a time, in a thread of its own.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tmt-decode")
         self._task: asyncio.Task | None = None
-        self._jobs_started = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -263,7 +261,7 @@ def create_app(loaded: LoadedModel, limits: ServeLimits = ServeLimits()) -> Fast
                                f"{limits.max_chars} (tmt serve --max-chars)")
         key = _decode_key(request, loaded, next(serial))
         result = await batcher.translate(sentences, key)
-        answer = {"translations": [hyps[0][0] if hyps else "" for hyps in result["outputs"]],
+        answer = {"translations": [hyps[0][0] for hyps in result["outputs"]],
                   "model": loaded.identity(),
                   "decoding": {"beam": key.beam, "nbest": key.nbest, **dict(key.changes)},
                   "seconds": round(result["seconds"], 4),
@@ -278,6 +276,9 @@ def create_app(loaded: LoadedModel, limits: ServeLimits = ServeLimits()) -> Fast
         if loaded.translator.model is None:
             raise RequestError(501, "attention weights need the PyTorch model; this server "
                                "runs a CTranslate2 export")
+        if len(request.text) > limits.max_chars:
+            raise RequestError(413, f"{len(request.text)} characters; the limit is "
+                               f"{limits.max_chars} (tmt serve --max-chars)")
         from .attention_plot import cross_attention
 
         try:
