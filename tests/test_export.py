@@ -71,6 +71,22 @@ def test_ctranslate2_float32_greedy_gives_pytorch_tokens(varied_model, sources, 
     assert ct2.translate(sources[-3:]) == pytorch.translate(sources[-3:])
 
 
+def test_ctranslate2_beam_and_nbest_rank_and_score_as_pytorch(varied_model, exports, sources):
+    # One sentence per batch: CTranslate2 caps a whole batch's length at once, and the
+    # random weights here run to the cap (a trained model mostly stops well before it).
+    pytorch = load_model(str(varied_model), None, "runs", None, "cpu",
+                         batch_size=1).translator
+    ct2 = load_model(None, None, "runs", str(exports["float32"]), "cpu", batch_size=1
+                     ).translator
+    expected = pytorch.translate_nbest(sources, 4, 3, 1.0)
+    found = ct2.translate_nbest(sources, 4, 3, 1.0)
+    assert _same_share([[t for t, _ in h] for h in found],
+                       [[t for t, _ in h] for h in expected]) >= 0.95
+    same = [(f, e) for f, e in zip(found, expected) if [t for t, _ in f] == [t for t, _ in e]]
+    for f, e in same:
+        assert [s for _, s in f] == pytest.approx([s for _, s in e], abs=1e-3)
+
+
 def test_ctranslate2_top1_sampling_is_greedy_and_a_seed_repeats_samples(exports, sources):
     ct2 = load_model(None, None, "runs", str(exports["float32"]), "cpu").translator
     greedy = ct2.translate(sources)

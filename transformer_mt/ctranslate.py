@@ -20,7 +20,7 @@ from .batching import source_tensor, src_pad_mask
 from .config import Config, DecodeConfig
 from .errors import TmtError
 from .model.embeddings import sinusoidal_table
-from .search import Hypothesis, SearchLimits
+from .search import Hypothesis, SearchLimits, length_penalty
 from .tokenizer import EOS, SOS, UNK, TextCodec
 from .translator import Translator
 
@@ -137,15 +137,20 @@ class CT2Translator(Translator):
 
     def search(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6,
                nbest: int = 1) -> list[list[Hypothesis]]:
-        """As `Translator.search`. Scores are CTranslate2's: log-probability / length**alpha
-        (not GNMT's penalty), so they rank alike but differ in value from the PyTorch ones."""
+        """As `Translator.search`, with the same scores. CTranslate2 searches with raw
+        log-probabilities (length_penalty 0) and returns all `beam_size` finished hypotheses;
+        they are ranked here with tmt's GNMT penalty ((5 + length) / 6) ** alpha, since
+        CTranslate2's own (length ** alpha) would rank them differently."""
         encoded = [self.encode_source(s) for s in sentences]
         results = [[Hypothesis([], 0.0)] for _ in sentences]
-        # min_decoding_length 0: [EOS] may come first, as in tmt's search.
-        options = dict(beam_size=beam_size, num_hypotheses=nbest, length_penalty=alpha,
-                       return_scores=True, max_input_length=0, min_decoding_length=0)
+        searching = beam_size > 1 or nbest > 1
+        # min_decoding_length 0: [EOS] may come first, as in tmt's search. The [EOS] is
+        # returned so that the penalty counts it, as tmt's search does.
+        options = dict(beam_size=beam_size, num_hypotheses=beam_size if searching else 1,
+                       length_penalty=0.0, return_scores=searching, return_end_token=True,
+                       max_input_length=0, min_decoding_length=0)
         decode = self.decode_cfg
-        if decode.sample_topk and beam_size == 1 and nbest == 1:
+        if decode.sample_topk and not searching:
             options.update(sampling_topk=decode.sample_topk,
                            sampling_temperature=decode.temperature)
             if self.generator is not None:
@@ -160,8 +165,13 @@ class CT2Translator(Translator):
             tokens = [[SOS, *self.src_codec.tokens(encoded[i]), EOS] for i in chunk]
             outputs = self.ct2.translate_batch(tokens, max_decoding_length=max(caps), **options)
             for i, cap, output in zip(chunk, caps, outputs):
-                # One cap for the batch in CTranslate2: each sentence's own is applied here.
-                results[i] = [Hypothesis([token_id(t) for t in hyp][:cap],
-                                         score if beam_size > 1 or nbest > 1 else math.nan)
-                              for hyp, score in zip(output.hypotheses, output.scores)]
+                hyps = []
+                scores = output.scores if searching else [math.nan] * len(output.hypotheses)
+                for hyp, score in zip(output.hypotheses, scores):
+                    ids = [token_id(t) for t in hyp]
+                    # One cap for the whole batch in CTranslate2: each sentence's own applies.
+                    steps = min(len(ids), cap)
+                    ids = [t for t in ids[:cap] if t != self.tgt_codec.eos_id]
+                    hyps.append(Hypothesis(ids, score / length_penalty(steps, alpha)))
+                results[i] = sorted(hyps, key=lambda h: -h.score)[:nbest] if searching else hyps
         return results
