@@ -156,8 +156,6 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
 def _load_model(args: argparse.Namespace):
     """The model `--run/--checkpoint` or `--model` name, with the decoding knobs applied, and
     the beam size to use; says on stderr which model it is."""
-    from .loading import load_model
-
     if (args.beam is not None and args.beam < 1) or (args.batch_tokens is not None
                                                      and args.batch_tokens < 1):
         raise TmtError("--beam and --batch-tokens must be at least 1")
@@ -165,8 +163,11 @@ def _load_model(args: argparse.Namespace):
     if sampling and ((args.beam or 1) > 1 or getattr(args, "nbest", 1) > 1):
         raise TmtError("--sample-topk samples one translation per sentence: it cannot be "
                        "combined with --beam K > 1 or --nbest N > 1")
+    changes = _decode_changes(args)        # checked before torch is imported: a quick error
+    from .loading import load_model
+
     loaded = load_model(args.checkpoint, args.run, args.runs_dir, args.model, args.device,
-                        **decode_changes(args))
+                        **changes)
     if args.seed is not None:
         loaded.translator = loaded.translator.with_decoding(seed=args.seed)
     beam = args.beam if args.beam is not None else loaded.translator.decode_cfg.beam_size
@@ -176,7 +177,7 @@ def _load_model(args: argparse.Namespace):
     return loaded, beam
 
 
-def decode_changes(args: argparse.Namespace) -> dict:
+def _decode_changes(args: argparse.Namespace) -> dict:
     """The decode settings given on the command line, checked as the config file's are."""
     from .config import config_from_dict
 
