@@ -20,17 +20,43 @@ START_TIMEOUT = 120        # seconds: loading torch and the model on a busy mach
 REQUEST_TIMEOUT = 60
 
 
-class TmtServer:
+class JsonClient:
+    """Requests to a server at `url` (http://host:port), JSON in and out."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def request(self, path: str, body: Any = None, raw: bytes | None = None,
+                content_type: str = "application/json") -> tuple[int, Any]:
+        """(status, parsed JSON or text) of GET path (no body) or POST path."""
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        request = urllib.request.Request(self.url + path, data=data,
+                                         headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+                status, payload = response.status, response.read()
+                kind = response.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as error:
+            status, payload, kind = error.code, error.read(), error.headers.get("Content-Type", "")
+        return status, json.loads(payload) if "json" in kind else payload.decode()
+
+    def translate(self, **body: Any) -> dict:
+        status, answer = self.request("/translate", body)
+        assert status == 200, answer
+        return answer
+
+
+class TmtServer(JsonClient):
     """`tmt serve ARGS --port 0`: the port the server picked is read from its stderr."""
 
     def __init__(self, *args: str):
+        super().__init__("")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "transformer_mt", "serve", "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.stderr_lines: list[str] = []
         listening = threading.Event()
-        self.url = ""
 
         def read_stderr() -> None:
             for line in self.process.stderr:
@@ -51,25 +77,6 @@ class TmtServer:
     @property
     def stderr(self) -> str:
         return "".join(self.stderr_lines)
-
-    def request(self, path: str, body: Any = None, raw: bytes | None = None,
-                content_type: str = "application/json") -> tuple[int, Any]:
-        """(status, parsed JSON or text) of GET path (no body) or POST path."""
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        request = urllib.request.Request(self.url + path, data=data,
-                                         headers={"Content-Type": content_type})
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
-                status, payload = response.status, response.read()
-                kind = response.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as error:
-            status, payload, kind = error.code, error.read(), error.headers.get("Content-Type", "")
-        return status, json.loads(payload) if "json" in kind else payload.decode()
-
-    def translate(self, **body: Any) -> dict:
-        status, answer = self.request("/translate", body)
-        assert status == 200, answer
-        return answer
 
     def terminate(self, timeout: float = 60) -> int:
         """SIGTERM, then wait for the exit; returns the exit status."""

@@ -4,20 +4,23 @@ clients, and a graceful shutdown with requests in flight."""
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import math
 import signal
+import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import uvicorn
 
-from server_process import TmtServer
+from server_process import JsonClient, TmtServer
+from transformer_mt.config import DecodeConfig
 from transformer_mt.loading import LoadedModel
-from transformer_mt.serve import Batcher, DecodeKey, RequestError, ServeLimits
+from transformer_mt.serve import ServeLimits, create_app
 from transformer_mt.translator import Translator
 
 SENTENCES = ["I love reading books.", "Where is the station?", "Tom is my friend.",
@@ -154,8 +157,10 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits_0(varied_model):
 # --------------------------------------------------------------------------- in-process
 
 class _FailingTranslator:
-    """Fails on the sentence "boom", echoes anything else."""
-    decode_cfg = type("Decode", (), {"length_penalty": 0.6})()
+    """Fails on the sentence "boom", echoes anything else in capitals."""
+    decode_cfg = DecodeConfig()
+    device = "cpu"
+    model = None
 
     def translate(self, sentences, beam, alpha):
         if "boom" in sentences:
@@ -163,21 +168,23 @@ class _FailingTranslator:
         return [s.upper() for s in sentences]
 
 
-def test_a_decoding_failure_answers_500_and_the_batcher_lives_on():
+def test_a_decoding_failure_answers_500_and_the_server_lives_on():
+    """The app of `tmt serve` over real HTTP, in this process, with a translator that fails."""
     loaded = LoadedModel(_FailingTranslator(), Path("x.pt"), 1, "pytorch", None)
-    key = DecodeKey(beam=1, nbest=1, changes=(), seed=None)
-
-    async def scenario():
-        batcher = Batcher(loaded, ServeLimits(batch_wait_ms=1))
-        batcher.start()
-        try:
-            with pytest.raises(RequestError) as failure:
-                await asyncio.wait_for(batcher.translate(["boom"], key), 30)
-            after = await asyncio.wait_for(batcher.translate(["fine"], key), 30)
-        finally:
-            await batcher.stop()
-        return failure.value, after
-
-    failure, after = asyncio.run(scenario())
-    assert failure.status == 500 and "out of memory" in str(failure)
-    assert [hyps[0][0] for hyps in after["outputs"]] == ["FINE"]
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(loaded, ServeLimits(batch_wait_ms=1)),
+                                           log_level="critical"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client = JsonClient(f"http://127.0.0.1:{sock.getsockname()[1]}")
+        failed = client.request("/translate", {"text": ["fine", "boom"]})
+        after = client.request("/translate", {"text": "fine"})
+    finally:
+        server.should_exit = True
+        thread.join(30)
+    assert failed[0] == 500 and "decoding failed: out of memory" in failed[1]["error"]
+    assert after == (200, after[1]) and after[1]["translations"] == ["FINE"]
