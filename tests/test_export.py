@@ -165,3 +165,6 @@ def test_export_refuses_what_it_cannot_do(varied_model, exports, tmp_path):
     assert both.returncode != 0 and "not both" in both.stderr
     for result in (refused, both):
         assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    (tmp_path / "tmt-model.json").write_text('{"format": "ctranslate2"}')
+    with pytest.raises(TmtError, match="damaged"):
+        load_model(None, None, "runs", str(tmp_path), "cpu")

@@ -129,9 +129,9 @@ def read_manifest(folder: Path) -> dict:
                        f"tmt export")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest["format"] not in FORMATS:
-            raise KeyError("format")
-        manifest["config"]
+        if manifest["format"] not in FORMATS or not isinstance(manifest["checkpoint"], str) \
+                or not isinstance(manifest["config"], dict):
+            raise ValueError("unexpected manifest")
     except (ValueError, KeyError, TypeError):
         raise TmtError(f"{path} is damaged; export the model again") from None
     return manifest
