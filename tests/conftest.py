@@ -105,3 +105,30 @@ def run_tmt(*args: str, cwd: Path | None = None, stdin: str | None = None,
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd,
                           input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def varied_model(tmp_path_factory, corpus_tsv) -> Path:
+    """A checkpoint inside a tiny run whose outputs differ from sentence to sentence: the run
+    is trained for 6 steps (for its tokenizers, split and config), then its weights are
+    replaced by a seeded random initialisation (a barely trained model answers "." to
+    everything, and tests of serving and export must tell translations apart)."""
+    import torch
+
+    from transformer_mt.checkpoint import atomic_save, load_checkpoint
+    from transformer_mt.config import config_from_dict
+    from transformer_mt.model import build_model
+
+    folder = tmp_path_factory.mktemp("varied")
+    config = folder / "tiny.yaml"
+    config.write_text(tiny_config_text(corpus_tsv, max_steps=6), encoding="utf-8")
+    result = run_tmt("train", "--config", str(config), "--run-dir", str(folder / "run"))
+    assert result.returncode == 0, result.stderr
+    state = load_checkpoint(folder / "run" / "checkpoints" / "last.pt")
+    cfg = config_from_dict(state["config"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, state["vocab"]["src"], state["vocab"]["tgt"])
+    state["model"] = model.state_dict()
+    path = folder / "run" / "checkpoints" / "varied.pt"
+    atomic_save(state, path)
+    return path

@@ -8,7 +8,9 @@ from conftest import ROOT
 
 KEYS = {"gemm_gflops", "model", "train_tokens_per_s", "model_flops_per_token", "mfu",
         "padding_efficiency", "peak_rss_mb", "greedy_sents_per_s", "uncached_sents_per_s",
-        "greedy_speedup", "beam4_sents_per_s", "beam4_time_over_greedy"}
+        "greedy_speedup", "beam4_sents_per_s", "beam4_time_over_greedy",
+        "ct2_float32_greedy_sents_per_s", "ct2_float32_same_output", "ct2_int8_greedy_sents_per_s",
+        "ct2_int8_speedup"}
 
 
 TINY = ["--corpus-lines", "400",
@@ -29,6 +31,7 @@ def test_bench_prints_one_json_object_with_the_reported_keys(tmp_path):
     assert report["model"]["d_model"] == 32 and report["model"]["tgt_vocab"] > 4
     assert 0 < report["padding_efficiency"] <= 1 and report["mfu"] > 0
     assert report["uncached_same_output"] == "2/2"
+    assert report["ct2_float32_same_output"] == "8/8"
 
 
 def test_bench_under_torchrun_measures_data_parallel_training_once(tmp_path):

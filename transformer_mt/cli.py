@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from . import __version__
 from .errors import TmtError
 from .openmp import configure_openmp
 from .paths import STDIO, refuse_overwriting_inputs
@@ -192,23 +193,40 @@ def _train(cfg, run, resume: bool, info, device_name: str) -> int:
 
 # --------------------------------------------------------------------------- translate
 
-def _checkpoint_path(args: argparse.Namespace) -> Path:
-    from .run import find_checkpoint
-
-    return find_checkpoint(args.checkpoint, Path(args.run) if args.run else None,
-                           Path(args.runs_dir))
-
-
-def _load_translator(args: argparse.Namespace, checkpoint: Path):
-    from .translator import Translator
-
+def _load_model(args: argparse.Namespace):
+    """The model `--run/--checkpoint` or `--model` name, with the decoding knobs applied, and
+    the beam size to use; says on stderr which model it is."""
     if (args.beam is not None and args.beam < 1) or (args.batch_tokens is not None
                                                      and args.batch_tokens < 1):
         raise TmtError("--beam and --batch-tokens must be at least 1")
-    changes = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
-    translator = Translator.from_checkpoint(checkpoint, args.device, args.replace_unk, **changes)
-    beam = args.beam if args.beam is not None else translator.decode_cfg.beam_size
-    return translator, beam
+    sampling = args.sample_topk is not None and args.sample_topk > 0
+    if sampling and ((args.beam or 1) > 1 or getattr(args, "nbest", 1) > 1):
+        raise TmtError("--sample-topk samples one translation per sentence: it cannot be "
+                       "combined with --beam K > 1 or --nbest N > 1")
+    changes = _decode_changes(args)        # checked before torch is imported: a quick error
+    from .loading import load_model
+
+    loaded = load_model(args.checkpoint, args.run, args.runs_dir, args.model, args.device,
+                        args.replace_unk, **changes)
+    if args.seed is not None:
+        loaded.translator = loaded.translator.with_decoding(seed=args.seed)
+    beam = args.beam if args.beam is not None else loaded.translator.decode_cfg.beam_size
+    if sampling:
+        beam = 1
+    print(f"tmt: using {loaded.describe()}", file=sys.stderr)
+    return loaded, beam
+
+
+def _decode_changes(args: argparse.Namespace) -> dict:
+    """The decode settings given on the command line, checked as the config file's are."""
+    from .config import config_from_dict
+
+    options = {"batch_tokens": args.batch_tokens, "length_penalty": args.length_penalty,
+               "max_len_a": args.max_len_a, "max_len_b": args.max_len_b,
+               "sample_topk": args.sample_topk, "temperature": args.temperature}
+    changes = {name: value for name, value in options.items() if value is not None}
+    checked = config_from_dict({"decode": changes}, "the command line").decode
+    return {name: getattr(checked, name) for name in changes}
 
 
 def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
@@ -246,6 +264,18 @@ def _open_output(path: str | None):
         raise TmtError(f"cannot write --output {path}: {exc.strerror}") from None
 
 
+def _prompted_lines() -> Iterator[str]:
+    """Lines typed at a terminal, each read after a prompt on stderr (as fairseq-interactive
+    does), so that stdout carries only translations."""
+    print("tmt: type a sentence and press Enter; Ctrl-D quits", file=sys.stderr)
+    while True:
+        print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        yield line.rstrip("\r\n")
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     setup_logging(logging.WARNING)
     if args.nbest < 1:
@@ -253,6 +283,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if args.attention and len(args.sentences) != 1:
         raise TmtError("--attention FILE.png draws one sentence: pass exactly one sentence "
                        "argument")
+    if args.attention and args.model:
+        raise TmtError("--attention needs the PyTorch model: pass --run/--checkpoint, not "
+                       "--model")
     if args.sentences and args.input:
         raise TmtError("pass sentences as arguments or --input FILE, not both")
     # Pipes are fine (--input <(zcat x.gz)); folders and missing paths are not.
@@ -264,14 +297,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
     refuse_overwriting_inputs(args.output, [("--input", args.input)])
     refuse_overwriting_inputs(args.attention, [("--input", args.input), ("--output", args.output)],
                               "--attention")
-    checkpoint = _checkpoint_path(args)
+    loaded, beam = _load_model(args)
     for output, option in ((args.output, "--output"), (args.attention, "--attention")):
-        refuse_overwriting_inputs(output, [("the checkpoint", checkpoint)], option)
-    translator, beam = _load_translator(args, checkpoint)
+        refuse_overwriting_inputs(output, [("the checkpoint", loaded.weights)], option)
+    translator = loaded.translator
     alpha = translator.decode_cfg.length_penalty
+    interactive = not args.sentences and not args.input and sys.stdin.isatty()
+    lines = _prompted_lines() if interactive else _input_lines(args.sentences, args.input)
     with _open_output(args.output) as out:
         index = 0
-        for chunk in _chunks(_input_lines(args.sentences, args.input), STDIN_CHUNK):
+        for chunk in _chunks(lines, 1 if interactive else STDIN_CHUNK):
             if args.nbest > 1:
                 # Moses n-best format: input line number (from 0) ||| translation ||| score.
                 for hyps in translator.translate_nbest(chunk, beam, args.nbest, alpha):
@@ -295,7 +330,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate import default_output, evaluate, file_test_set, report_path, run_test_set, \
         write_outputs
-    from .run import RunDir, run_of_checkpoint
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
@@ -304,26 +338,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.unseen and args.src:
         raise TmtError("--unseen builds its sets from the run's test split: use it without "
                        "--src/--ref")
-    checkpoint = _checkpoint_path(args)
     if args.src:
         test = file_test_set(Path(args.src), Path(args.ref))
-    else:
-        run = RunDir(Path(args.run)) if args.run else run_of_checkpoint(checkpoint)
+    loaded, beam = _load_model(args)
+    run = loaded.run
+    if not args.src:
         if run is None:
-            raise TmtError(f"{checkpoint} is not inside a run directory: pass --run DIR for its "
-                           f"test split, or --src FILE --ref FILE")
+            raise TmtError(f"{loaded.weights} is not inside a run directory: pass --run DIR for "
+                           f"its test split, or --src FILE --ref FILE")
         test = run_test_set(run)
-    translator, beam = _load_translator(args, checkpoint)
-    hyp_path = Path(args.output) if args.output else default_output(checkpoint, test, beam)
+    hyp_path = Path(args.output) if args.output else default_output(loaded.weights, test, beam)
     if report_path(hyp_path) == hyp_path:
         raise TmtError(f"--output {hyp_path}: the JSON report is written beside the hypotheses "
                        f"with the suffix .json, so their file must not end in .json")
-    inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", checkpoint)]
+    inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", loaded.weights)]
     refuse_overwriting_inputs(hyp_path, inputs)
     refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
-    hypotheses, report = evaluate(translator, test, beam, checkpoint)
+    hypotheses, report = evaluate(loaded.translator, test, beam, loaded.weights)
     if args.unseen:
-        report["unseen"] = _evaluate_unseen(run, translator, beam, checkpoint)
+        report["unseen"] = _evaluate_unseen(run, loaded.translator, beam, loaded.weights)
     json_path = write_outputs(hypotheses, report, hyp_path)
     if args.json:
         print(json.dumps(report))
@@ -332,7 +365,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"chrF2 = {report['chrf']:.2f}\n  {report['chrf_signature']}")
         print(f"{report['sentences']} sentences ({report['translated']} distinct sources) in "
               f"{report['seconds']:.1f} s, {report['sentences_per_s']:.1f} sentences/s, beam "
-              f"{beam}, {checkpoint}")
+              f"{beam}, {loaded.weights}")
         for name, scores in report.get("unseen", {}).items():
             print(f"{name}: BLEU {scores['bleu']:.2f}, chrF2 {scores['chrf']:.2f} on "
                   f"{scores['sentences']} sentences ({scores['translated']} distinct sources)")
@@ -393,11 +426,46 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- serve, export
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import ServeLimits, serve
+
+    setup_logging(logging.WARNING)
+    if min(args.max_sentences, args.max_chars, args.max_batch_sentences) < 1 or \
+            not 0 <= args.batch_wait_ms <= 10_000:
+        raise TmtError("--max-sentences, --max-chars and --max-batch-sentences must be at "
+                       "least 1, --batch-wait-ms between 0 and 10000")
+    if not 0 <= args.port <= 65535:
+        raise TmtError(f"--port must be between 0 and 65535, got {args.port}")
+    limits = ServeLimits(args.max_sentences, args.max_chars, args.batch_wait_ms,
+                         args.max_batch_sentences)
+    loaded, _ = _load_model(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"tmt: warning: --host {args.host} lets other machines reach this server; tmt "
+              f"serve has no authentication", file=sys.stderr)
+    serve(loaded, args.host, args.port, limits, args.access_log)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_model
+    from .run import find_checkpoint
+
+    setup_logging(logging.WARNING)
+    checkpoint = find_checkpoint(args.checkpoint, Path(args.run) if args.run else None,
+                                 Path(args.runs_dir))
+    output = export_model(checkpoint, Path(args.output), args.format, args.quantization)
+    print(output)
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tmt", description="Train and use an English-Italian "
                                      "translation Transformer.")
+    parser.add_argument("--version", action="version", version=f"tmt {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     train = commands.add_parser("train", help="train a model from a YAML config")
@@ -465,20 +533,68 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--output", metavar="FILE", help="where to write the average (default: "
                          "<run>/checkpoints/average_last<K>.pt or average_best<K>.pt)")
     average.set_defaults(func=cmd_average)
+
+    serve = commands.add_parser("serve", help="serve the model over HTTP: a JSON API with "
+                                "dynamic batching and a web page")
+    _add_model_options(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: "
+                       "loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="port (0: any free port; the "
+                       "address is printed on stderr)")
+    serve.add_argument("--max-sentences", type=int, default=64, metavar="N",
+                       help="sentences per request (more: 413)")
+    serve.add_argument("--max-chars", type=int, default=20_000, metavar="N",
+                       help="characters per request (more: 413)")
+    serve.add_argument("--batch-wait-ms", type=float, default=5.0, metavar="MS",
+                       help="how long a request waits for others to share its batch")
+    serve.add_argument("--max-batch-sentences", type=int, default=256, metavar="N",
+                       help="sentences per decoding batch")
+    serve.add_argument("--access-log", action="store_true", help="log every request")
+    serve.set_defaults(func=cmd_serve)
+
+    export = commands.add_parser("export", help="write a checkpoint as a deployable model "
+                                 "folder (safetensors, or CTranslate2 with int8)")
+    export.add_argument("--run", help="run directory (default: the latest run under --runs-dir)")
+    export.add_argument("--checkpoint", metavar="best|last|PATH", help="as for translate "
+                        "(default: best.pt)")
+    export.add_argument("--runs-dir", default="runs", help="where to look for the latest run")
+    export.add_argument("--format", required=True, choices=("safetensors", "ctranslate2"))
+    export.add_argument("--quantization", choices=("float32", "int8", "int8_float32"),
+                        help="ctranslate2 weights (default float32; int8: about 4x smaller "
+                        "and faster on CPU)")
+    export.add_argument("--output", required=True, metavar="DIR", help="new folder to write")
+    export.set_defaults(func=cmd_export)
     return parser
 
 
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    """Which checkpoint to load and how to decode: shared by translate and evaluate."""
+    """Which model to load and how to decode: shared by translate, evaluate and serve."""
     parser.add_argument("--run", help="run directory (default: the latest run under --runs-dir)")
     parser.add_argument("--checkpoint", metavar="best|last|PATH", help="the run's best.pt "
                         "(default; last.pt before the first validation), its last.pt, or a "
                         "checkpoint file")
+    parser.add_argument("--model", metavar="EXPORT_DIR", help="a folder written by tmt export "
+                        "(safetensors or ctranslate2) instead of a run's checkpoint")
     parser.add_argument("--runs-dir", default="runs", help="where to look for the latest run")
     parser.add_argument("--beam", type=int, metavar="K", help="beam size; 1: greedy search "
                         "(default: the run's decode.beam_size)")
     parser.add_argument("--batch-tokens", type=int, metavar="N", help="at most N padded source "
                         "tokens per decoding batch (default: decode.batch_tokens)")
+    parser.add_argument("--length-penalty", type=float, metavar="ALPHA", help="beam search "
+                        "ranks by log-probability / ((5 + length) / 6) ** ALPHA; 0: raw "
+                        "log-probability (default: decode.length_penalty)")
+    parser.add_argument("--max-len-a", type=float, metavar="A", help="outputs stop at A * "
+                        "source tokens + B (default: decode.max_len_a)")
+    parser.add_argument("--max-len-b", type=int, metavar="B", help="see --max-len-a "
+                        "(default: decode.max_len_b)")
+    parser.add_argument("--sample-topk", type=int, metavar="K", help="sample each token from "
+                        "the K most probable instead of searching (e.g. for back-translation; "
+                        "0: off)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default 1.0; "
+                        "lower is closer to greedy)")
+    parser.add_argument("--seed", type=int, help="seed for --sample-topk: the same seed gives "
+                        "the same samples")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda", "mps"))
     parser.add_argument("--replace-unk", action=argparse.BooleanOptionalAction,
                         help="write each [UNK] of the output as the source word it attends to "

@@ -155,6 +155,10 @@ class DecodeConfig:
                                         "source tokens (null: no cap)", low=1)
     max_input_tokens: int = _spec(256, "longer inputs to tmt translate are truncated, with a "
                                   "warning", low=1)
+    sample_topk: int = _spec(0, ">0: sample each token from the k most probable instead of greedy "
+                             "search (e.g. for back-translation; beam 1 only); 0: off", low=0)
+    temperature: float = _spec(1.0, "sampling temperature: softmax(logits / t); lower: nearer "
+                               "greedy", low=0.0, low_open=True)
 
 
 @dataclass(frozen=True)

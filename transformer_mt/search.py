@@ -8,6 +8,7 @@ costs one position, not the whole prefix. Sentences that finish leave the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -35,10 +36,28 @@ def _select_rows(cache: list[dict], rows: torch.Tensor, keys: tuple[str, ...]) -
                 layer[key] = layer[key].index_select(0, rows)
 
 
+TokenPicker = Callable[[torch.Tensor], torch.Tensor]      # logits (B, vocab) -> ids (B,)
+
+
+def top_k_sampler(k: int, temperature: float = 1.0,
+                  generator: torch.Generator | None = None) -> TokenPicker:
+    """Draw each next token from the k most probable ones, with probabilities
+    softmax(logits / temperature); a seeded `generator` makes the draws repeatable."""
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        top_logits, top_ids = logits.float().topk(min(k, logits.size(-1)), dim=-1)
+        probs = (top_logits / temperature).softmax(dim=-1)
+        # The generator lives on the CPU, so the draw does too (a few numbers per sentence).
+        choice = torch.multinomial(probs.cpu(), 1, generator=generator).to(logits.device)
+        return top_ids.gather(1, choice).squeeze(1)
+    return pick
+
+
 @torch.no_grad()
 def greedy_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
-                  limits: SearchLimits, use_cache: bool = True) -> list[list[int]]:
-    """Most probable next token at each step. Returns token ids without [SOS]/[EOS].
+                  limits: SearchLimits, use_cache: bool = True,
+                  pick_next: TokenPicker | None = None) -> list[list[int]]:
+    """Most probable next token at each step (or the one `pick_next` chooses from the logits,
+    e.g. a `top_k_sampler`). Returns token ids without [SOS]/[EOS].
 
     `use_cache=False` re-decodes the whole prefix at every step (the reference method), kept to
     test that the cache changes nothing."""
@@ -56,7 +75,8 @@ def greedy_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
         else:
             hidden = model.decode(prefix, memory, src_mask, causal_mask(prefix.size(1),
                                                                         src.device))
-        next_tokens = model.project(hidden[:, -1]).argmax(dim=-1)
+        logits = model.project(hidden[:, -1])
+        next_tokens = pick_next(logits) if pick_next else logits.argmax(dim=-1)
         step += 1
         finished = (next_tokens == limits.eos_id) | (max_lengths[alive] <= step)
         for row, token in enumerate(next_tokens.tolist()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -16,7 +17,7 @@ from .config import Config, DecodeConfig, config_from_dict
 from .data import normalize_text
 from .device import pick_device
 from .model import Transformer, build_model
-from .search import Hypothesis, SearchLimits, beam_search, greedy_search
+from .search import Hypothesis, SearchLimits, beam_search, greedy_search, top_k_sampler
 from .tokenizer import TextCodec
 from .unk import UnknownCounts, attended_source_tokens, unknown_replacements
 
@@ -37,13 +38,20 @@ class Translator:
         self.device = device
         self.limits = SearchLimits(tgt_codec.sos_id, tgt_codec.eos_id, decode_cfg.max_len_a,
                                    decode_cfg.max_len_b)
+        self.generator: torch.Generator | None = None      # seeds sampling (decode.sample_topk)
 
     @classmethod
     def from_checkpoint(cls, path: Path, device: str = "auto", replace_unk: bool | None = None,
                         **decode_changes: Any) -> "Translator":
         """`decode_changes` override the run's decode settings, e.g. batch_tokens=2000."""
-        state = load_checkpoint(path)
-        cfg: Config = config_from_dict(state["config"], str(path))
+        return cls.from_state(load_checkpoint(path), str(path), device, replace_unk,
+                              **decode_changes)
+
+    @classmethod
+    def from_state(cls, state: dict, where: str, device: str = "auto",
+                   replace_unk: bool | None = None, **decode_changes: Any) -> "Translator":
+        """As `from_checkpoint`, from a checkpoint already loaded from `where`."""
+        cfg: Config = config_from_dict(state["config"], where)
         src_codec = TextCodec.from_str(state["tokenizers"]["src"])
         tgt_codec = TextCodec.from_str(state["tokenizers"]["tgt"])
         model = build_model(cfg.model, src_codec.vocab_size, tgt_codec.vocab_size,
@@ -51,6 +59,16 @@ class Translator:
         model.load_state_dict(state["model"])
         decode_cfg = dataclasses.replace(cfg.decode, **decode_changes)
         return cls(model, src_codec, tgt_codec, decode_cfg, pick_device(device), replace_unk)
+
+    def with_decoding(self, seed: int | None = None, **decode_changes: Any) -> "Translator":
+        """A translator that shares this one's model but decodes with other settings (e.g.
+        max_len_a=2.0, sample_topk=10); `seed` makes its sampling repeatable."""
+        other = copy.copy(self)
+        other.decode_cfg = dataclasses.replace(self.decode_cfg, **decode_changes)
+        other.limits = dataclasses.replace(self.limits, max_len_a=other.decode_cfg.max_len_a,
+                                           max_len_b=other.decode_cfg.max_len_b)
+        other.generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return other
 
     def encode_source(self, sentence: str) -> list[int]:
         ids = self.src_codec.encode(normalize_text(sentence))
@@ -82,15 +100,20 @@ class Translator:
     def search(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6,
                nbest: int = 1) -> list[list[Hypothesis]]:
         """Up to `nbest` hypotheses per sentence, best first; an empty input gives one empty
-        hypothesis. Greedy search (beam 1, nbest 1) does not score: its score is nan."""
+        hypothesis. Greedy search (beam 1, nbest 1) does not score: its score is nan; with
+        decode.sample_topk it samples instead."""
         encoded = [self.encode_source(s) for s in sentences]
+        decode = self.decode_cfg
+        sampler = (top_k_sampler(decode.sample_topk, decode.temperature, self.generator)
+                   if decode.sample_topk else None)
         results = [[Hypothesis([], 0.0)] for _ in sentences]
         for chunk in self._batches(encoded):
             src = source_tensor([encoded[i] for i in chunk], self.src_codec).to(self.device)
             mask = src_pad_mask(src, self.src_codec.pad_id)
             if beam_size == 1 and nbest == 1:
                 outputs = [[Hypothesis(ids, math.nan)]
-                           for ids in greedy_search(self.model, src, mask, self.limits)]
+                           for ids in greedy_search(self.model, src, mask, self.limits,
+                                                    pick_next=sampler)]
             else:
                 outputs = beam_search(self.model, src, mask, self.limits, beam_size, alpha, nbest)
             for i, out in zip(chunk, outputs):
