@@ -77,28 +77,33 @@ class TokenBatchSampler:
         self.world_size = world_size
         self.epoch = 0
         self.start = 0
+        self._shape_group = _shape_groups(self.sides)
+        self._plan_epoch: int | None = None
+        self._plan: list[np.ndarray] = []
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select the epoch's plan and skip its first `start` batches (resume mid-epoch)."""
         self.epoch, self.start = epoch, start
 
     def _all_batches(self, epoch: int) -> list[np.ndarray]:
+        # Built once per epoch: `__len__`, `__iter__` and every rank's share read the same plan.
+        if self._plan_epoch != epoch:
+            self._plan, self._plan_epoch = self._build_plan(epoch), epoch
+        return self._plan
+
+    def _build_plan(self, epoch: int) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
         # Sort by length, then by each side's length (on 350k Tatoeba pairs at 4096 tokens, the
         # share of real tokens rose from 0.90 to 0.99), breaking ties randomly so that batches
-        # differ between epochs.
-        tie_break = rng.random(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
-        order = np.lexsort((tie_break, *self.sides.T[::-1], self.lengths))
-        batches, current, longest = [], [], 0
-        for index in order:
-            length = int(self.lengths[index])
-            if current and max(longest, length) * (len(current) + 1) > self.batch_tokens:
-                batches.append(np.array(current))
-                current, longest = [], 0
-            current.append(index)
-            longest = max(longest, length)
-        if current:
-            batches.append(np.array(current))
+        # differ between epochs. Two stable sorts give np.lexsort's order over all the keys: by
+        # the tie-break first, then by the (length, sides) group, a radix sort on small integers.
+        if self.shuffle:
+            order = np.argsort(rng.random(len(self.lengths)), kind="stable")
+            order = order[np.argsort(self._shape_group[order], kind="stable")]
+        else:
+            order = np.argsort(self._shape_group, kind="stable")
+        starts = _batch_starts(self.lengths[order], self.batch_tokens)
+        batches = np.split(order, starts[1:]) if len(order) else []
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -122,15 +127,53 @@ class TokenBatchSampler:
         for batch in self.batches(self.epoch)[self.start:]:
             yield batch.tolist()
 
-    def padding_efficiency(self, pairs: EncodedPairs, epoch: int = 0) -> float:
-        """Real tokens ÷ computed positions (source and target sides) over one epoch's plan."""
-        src_len = np.array([len(s) + 2 for s in pairs.src])
-        tgt_len = np.array([len(t) + 1 for t in pairs.tgt])
-        real = computed = 0
-        for batch in self._all_batches(epoch):
-            real += src_len[batch].sum() + tgt_len[batch].sum()
-            computed += len(batch) * (src_len[batch].max() + tgt_len[batch].max())
-        return float(real / computed) if computed else 1.0
+    def padding_efficiency(self, pairs: Dataset, epoch: int = 0) -> float:
+        """Real tokens ÷ computed positions (source and target sides) over one epoch's plan;
+        `pairs` is the dataset the sampler draws from (its `lengths()`)."""
+        plan = self._all_batches(epoch)
+        if not plan:
+            return 1.0
+        sides = pairs.lengths()[np.concatenate(plan)]
+        sizes = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
+        starts = np.cumsum(sizes) - sizes
+        computed = sizes * np.maximum.reduceat(sides, starts, axis=0).sum(axis=1)
+        return float(sides.sum() / computed.sum())
+
+
+def _shape_groups(sides: np.ndarray) -> np.ndarray:
+    """For each example, the rank of its (longest side, each side's length) among all the
+    distinct ones in lexicographic order: one integer key to sort by, 16 bits when it fits."""
+    if not len(sides):
+        return np.zeros(0, dtype=np.int16)
+    keys = np.column_stack([sides.max(axis=1), sides]).astype(np.int64)
+    # Mixed-radix code of each row: codes compare as the rows do lexicographically.
+    radix = int(keys.max()) + 1
+    if radix ** keys.shape[1] <= 2 ** 24:
+        # Lengths are bounded by data.max_len: rank the codes through a table, in linear time.
+        codes = np.zeros(len(keys), dtype=np.int64)
+        for column in keys.T:
+            codes = codes * radix + column
+        present = np.bincount(codes, minlength=radix ** keys.shape[1]) > 0
+        groups, distinct = (np.cumsum(present) - 1)[codes], int(present.sum())
+    else:
+        distinct_rows, groups = np.unique(keys, axis=0, return_inverse=True)
+        distinct = len(distinct_rows)
+    return groups.astype(np.int16 if distinct <= np.iinfo(np.int16).max else np.int64)
+
+
+def _batch_starts(sorted_lengths: np.ndarray, batch_tokens: int) -> np.ndarray:
+    """Where each batch begins in examples sorted by length, filled greedily: a batch [s, e]
+    holds while sorted_lengths[e] · (e - s + 1) ≤ batch_tokens (one example always fits)."""
+    starts = []
+    start, n = 0, len(sorted_lengths)
+    while start < n:
+        # Later examples are no shorter, so at most batch_tokens // shortest fit; over that
+        # window, padded size (longest × count) never decreases: a binary search finds the end.
+        window = sorted_lengths[start:start + batch_tokens // int(sorted_lengths[start])]
+        padded = window * np.arange(1, len(window) + 1)
+        starts.append(start)
+        start += max(int(np.searchsorted(padded, batch_tokens, side="right")), 1)
+    return np.array(starts, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- tensors
