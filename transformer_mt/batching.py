@@ -5,8 +5,9 @@ Masks follow one convention throughout: a boolean tensor that is True where atte
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import datasets
 import numpy as np
@@ -208,17 +209,34 @@ class Batch:
         return Batch(**move, n_tokens=self.n_tokens)
 
 
-def pad_sequences(sequences: list[list[int]], pad_id: int) -> torch.Tensor:
-    longest = max(len(s) for s in sequences)
-    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        out[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return out
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, first: int | None = None,
+                  last: int | None = None) -> torch.Tensor:
+    """(B, longest) int64: each row is `first`, the sequence, `last` (those given), then padding.
+
+    Sequences are lists of ids or numpy arrays (slices of a memory-mapped `TokenStore`); the
+    batch is assembled in one numpy array, with no Python step per token."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    longest = int(lengths.max(initial=0))
+    offset = int(first is not None)
+    out = np.full((len(sequences), offset + longest + int(last is not None)), pad_id,
+                  dtype=np.int64)
+    if all(isinstance(s, np.ndarray) for s in sequences):
+        ids = np.concatenate(sequences) if len(sequences) else np.zeros(0, dtype=np.int64)
+    else:
+        ids = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64,
+                          count=int(lengths.sum()))
+    # A boolean mask fills row after row, in the order of the concatenated ids.
+    out[:, offset:offset + longest][np.arange(longest) < lengths[:, None]] = ids
+    if first is not None:
+        out[:, 0] = first
+    if last is not None:
+        out[np.arange(len(sequences)), offset + lengths] = last
+    return torch.from_numpy(out)
 
 
-def source_tensor(src_ids: list[list[int]], codec: TextCodec) -> torch.Tensor:
+def source_tensor(src_ids: Sequence[Sequence[int]], codec: TextCodec) -> torch.Tensor:
     """Encoder input [SOS] src [EOS], padded to the longest in the batch."""
-    return pad_sequences([[codec.sos_id, *s, codec.eos_id] for s in src_ids], codec.pad_id)
+    return pad_sequences(src_ids, codec.pad_id, first=codec.sos_id, last=codec.eos_id)
 
 
 class Collator:
@@ -227,18 +245,19 @@ class Collator:
     def __init__(self, src_codec: TextCodec, tgt_codec: TextCodec):
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
 
-    def __call__(self, pairs: list[tuple[list[int], list[int]]]) -> Batch:
+    def __call__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
         tgt = self.tgt_codec
         src = source_tensor([s for s, _ in pairs], self.src_codec)
-        tgt_in = pad_sequences([[tgt.sos_id, *t] for _, t in pairs], tgt.pad_id)
-        tgt_out = pad_sequences([[*t, tgt.eos_id] for _, t in pairs], tgt.pad_id)
+        targets = [t for _, t in pairs]
+        tgt_in = pad_sequences(targets, tgt.pad_id, first=tgt.sos_id)
+        tgt_out = pad_sequences(targets, tgt.pad_id, last=tgt.eos_id)
         return Batch(src=src, tgt_in=tgt_in, tgt_out=tgt_out,
                      src_mask=src_pad_mask(src, self.src_codec.pad_id),
                      tgt_mask=tgt_mask(tgt_in, tgt.pad_id),
                      n_tokens=int((tgt_out != tgt.pad_id).sum()))
 
 
-def make_loader(pairs: EncodedPairs, sampler: TokenBatchSampler, collator: Collator,
+def make_loader(pairs: Dataset, sampler: TokenBatchSampler, collator: Collator,
                 num_workers: int = 0) -> DataLoader:
     # A private generator: otherwise every new iterator draws a seed from the global torch RNG,
     # which shifts the dropout masks of everything after it (and breaks exact resume).
