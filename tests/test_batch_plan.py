@@ -105,7 +105,8 @@ def test_the_epoch_plan_is_built_once(monkeypatch):
     sampler = TokenBatchSampler(np.random.default_rng(0).integers(3, 40, 500), 256, seed=0)
     built = []
     original = sampler._build_plan
-    monkeypatch.setattr(sampler, "_build_plan", lambda epoch: built.append(epoch) or original(epoch))
+    monkeypatch.setattr(sampler, "_build_plan",
+                        lambda epoch: built.append(epoch) or original(epoch))
     sampler.set_epoch(4, start=2)
     len(sampler), list(sampler), len(sampler), sampler.batches(4)
     assert built == [4]

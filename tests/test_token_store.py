@@ -154,3 +154,12 @@ def test_worker_processes_read_the_same_batches(tmp_path):
     expected = [pairs[i][1] for i in next(iter(sampler))]
     assert [row[row != text_codec.pad_id][:-1].tolist() for row in in_process[0].tgt_out] \
         == expected
+
+
+@pytest.mark.parametrize("header", ['[1]', '{"format": 1}', '{"format": 1, "pairs": 3, '
+                                    '"src": {"dtype": "nonsense", "tokens": 0}}'])
+def test_a_damaged_header_is_refused(tmp_path, header):
+    write_token_store(tmp_path / "train", in_batches(random_pairs(10, 50), 5), 50, 50)
+    (tmp_path / "train" / "header.json").write_text(header)
+    with pytest.raises(TmtError, match="token store"):
+        TokenStore(tmp_path / "train")

@@ -2,7 +2,8 @@
 
 The layout of fairseq's MMapIndexedDataset and nanoGPT's `train.bin`, for pairs:
 
-    STORE/header.json   {"format": 1, "pairs": N, "src": {"dtype", "vocab_size", "tokens"}, "tgt": ...}
+    STORE/header.json   {"format": 1, "pairs": N, "src": {"dtype", "vocab_size", "tokens"},
+                         "tgt": {...}}
     STORE/src.ids       every source sentence's ids, end to end (uint16 when the vocabulary fits)
     STORE/src.offsets   int64, N + 1: sentence i is src.ids[offsets[i]:offsets[i + 1]]
     STORE/tgt.ids, STORE/tgt.offsets
@@ -177,16 +178,23 @@ def _read_header(path: Path) -> dict:
                        f"was interrupted)") from None
     except (OSError, ValueError) as exc:
         raise TmtError(f"cannot read token store header {path / HEADER}: {exc}") from None
-    if header.get("format") != FORMAT:
-        raise TmtError(f"token store {path} has format {header.get('format')!r}; this tmt reads "
+    found_format = header.get("format") if isinstance(header, dict) else None
+    if found_format != FORMAT:
+        raise TmtError(f"token store {path} has format {found_format!r}; this tmt reads "
                        f"format {FORMAT} (delete the store to rebuild it)")
-    for side in SIDES:
-        expected = {f"{side}.ids": header[side]["tokens"] * np.dtype(header[side]["dtype"]).itemsize,
-                    f"{side}.offsets": (header["pairs"] + 1) * 8}
-        for name, size in expected.items():
-            found = (path / name).stat().st_size if (path / name).is_file() else None
-            if found != size:
-                raise TmtError(f"token store {path} is damaged: {name} has "
-                               f"{'no file' if found is None else f'{found} bytes'}, its header "
-                               f"says {size} (delete the store to rebuild it)")
+    try:
+        expected = {}
+        for side in SIDES:
+            itemsize = np.dtype(header[side]["dtype"]).itemsize
+            expected[f"{side}.ids"] = int(header[side]["tokens"]) * itemsize
+            expected[f"{side}.offsets"] = (int(header["pairs"]) + 1) * 8
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TmtError(f"token store header {path / HEADER} is damaged ({exc!r}); delete the "
+                       f"store to rebuild it") from None
+    for name, size in expected.items():
+        found = (path / name).stat().st_size if (path / name).is_file() else None
+        if found != size:
+            raise TmtError(f"token store {path} is damaged: {name} has "
+                           f"{'no file' if found is None else f'{found} bytes'}, its header "
+                           f"says {size} (delete the store to rebuild it)")
     return header
