@@ -78,7 +78,7 @@ class TokenBatchSampler:
         self.world_size = world_size
         self.epoch = 0
         self.start = 0
-        self._shape_group = _shape_groups(self.sides)
+        self._shape_group = _shape_groups(self.lengths, self.sides)
         self._plan_epoch: int | None = None
         self._plan: list[np.ndarray] = []
 
@@ -141,23 +141,21 @@ class TokenBatchSampler:
         return float(sides.sum() / computed.sum())
 
 
-def _shape_groups(sides: np.ndarray) -> np.ndarray:
-    """For each example, the rank of its (longest side, each side's length) among all the
-    distinct ones in lexicographic order: one integer key to sort by, 16 bits when it fits."""
-    if not len(sides):
-        return np.zeros(0, dtype=np.int16)
-    keys = np.column_stack([sides.max(axis=1), sides]).astype(np.int64)
-    # Mixed-radix code of each row: codes compare as the rows do lexicographically.
-    radix = int(keys.max()) + 1
-    if radix ** keys.shape[1] <= 2 ** 24:
-        # Lengths are bounded by data.max_len: rank the codes through a table, in linear time.
-        codes = np.zeros(len(keys), dtype=np.int64)
-        for column in keys.T:
+def _shape_groups(lengths: np.ndarray, sides: np.ndarray) -> np.ndarray:
+    """For each example, the rank of its (length, each side's length) among all the distinct
+    ones in lexicographic order: one integer key to sort by, 16 bits when it fits."""
+    columns = [lengths, *sides.T]
+    radix = int(lengths.max(initial=0)) + 1
+    if radix ** len(columns) <= 2 ** 24:
+        # Lengths are bounded by data.max_len: a mixed-radix code per example compares as its
+        # row does, and a table of the codes present ranks them in linear time.
+        codes = np.zeros(len(lengths), dtype=np.int64)
+        for column in columns:
             codes = codes * radix + column
-        present = np.bincount(codes, minlength=radix ** keys.shape[1]) > 0
+        present = np.bincount(codes, minlength=radix ** len(columns)) > 0
         groups, distinct = (np.cumsum(present) - 1)[codes], int(present.sum())
     else:
-        distinct_rows, groups = np.unique(keys, axis=0, return_inverse=True)
+        distinct_rows, groups = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
         distinct = len(distinct_rows)
     return groups.astype(np.int16 if distinct <= np.iinfo(np.int16).max else np.int64)
 
