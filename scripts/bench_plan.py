@@ -30,8 +30,8 @@ def main(argv: list[str]) -> int:
     reference = reference_plan(sampler, 0)
     loop = time.perf_counter() - started
     same = len(plan) == len(reference) and all(map(np.array_equal, plan, reference))
-    print(f"pairs {pairs:,}  batches {len(plan):,}  same plan {same}  vectorised {vectorised:.1f} s  "
-          f"per-example loop {loop:.1f} s  ({loop / vectorised:.1f}x)")
+    print(f"pairs {pairs:,}  batches {len(plan):,}  same plan {same}  "
+          f"vectorised {vectorised:.1f} s  per-example loop {loop:.1f} s  ({loop / vectorised:.1f}x)")
     return 0 if same else 1
 
 

@@ -168,7 +168,7 @@ def _batch_starts(sorted_lengths: np.ndarray, batch_tokens: int) -> np.ndarray:
     while start < n:
         # Later examples are no shorter, so at most batch_tokens // shortest fit; over that
         # window, padded size (longest × count) never decreases: a binary search finds the end.
-        window = sorted_lengths[start:start + batch_tokens // int(sorted_lengths[start])]
+        window = sorted_lengths[start:start + batch_tokens // max(int(sorted_lengths[start]), 1)]
         padded = window * np.arange(1, len(window) + 1)
         starts.append(start)
         start += max(int(np.searchsorted(padded, batch_tokens, side="right")), 1)
