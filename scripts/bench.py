@@ -5,7 +5,8 @@
     torchrun --nproc_per_node=2 scripts/bench.py --json   # data-parallel training throughput
 
 Everything runs through the project's own code: tokenizers from `transformer_mt.tokenizer`,
-`encode_split`, `TokenBatchSampler` + `Collator` batches through the DataLoader of `make_loader`,
+token ids in a memory-mapped `TokenStore`, `TokenBatchSampler` + `Collator` batches through the
+DataLoader of `make_loader`,
 the model from `build_model`, optimizer steps through `Trainer.train_step` (loss, backward, clip,
 Adam, Noam) and decoding through `Translator` (greedy and beam search on the key/value cache).
 The model is untrained: speed does not depend on the weights, and an untrained model rarely
@@ -45,12 +46,10 @@ from transformer_mt.openmp import configure_openmp
 
 configure_openmp()                  # before torch is imported
 
-import datasets
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.batching import (Batch, EncodedPairs, encode_split, make_loader, source_tensor,
-                                     src_pad_mask)
+from transformer_mt.batching import Batch, make_loader, source_tensor, src_pad_mask
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, \
     TrainConfig
 from transformer_mt.data import clean_pairs, normalize_text
@@ -61,6 +60,7 @@ from transformer_mt.model import build_model, count_parameters
 from transformer_mt.model.flops import MatmulProbe, training_flops
 from transformer_mt.run import RunData, RunDir
 from transformer_mt.search import greedy_search
+from transformer_mt.token_store import TokenStore, write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 from transformer_mt.training import Trainer
 from transformer_mt.translator import Translator
@@ -105,9 +105,10 @@ def read_pairs(path: Path, max_lines: int | None, seed: int) -> tuple[list[str],
 class Corpus:
     src_codec: TextCodec
     tgt_codec: TextCodec
-    train: EncodedPairs          # the pairs training batches are drawn from
+    train: TokenStore            # the pairs training batches are drawn from
     decode_sources: list[str]    # sentences to translate, none of them in `train`
     origin: str
+    store_dir: tempfile.TemporaryDirectory   # holds `train`'s files while the benchmark runs
 
 
 def build_corpus(args: argparse.Namespace) -> Corpus:
@@ -119,10 +120,17 @@ def build_corpus(args: argparse.Namespace) -> Corpus:
     random.Random(args.seed).shuffle(order)
     decode_rows, train_rows = order[:args.decode_sentences], order[args.decode_sentences:]
     train_rows = train_rows[:args.train_pairs]
-    split = datasets.Dataset.from_dict({"src": [src[i] for i in train_rows],
-                                        "tgt": [tgt[i] for i in train_rows]})
-    train = EncodedPairs(encode_split(split, src_codec, tgt_codec))
-    return Corpus(src_codec, tgt_codec, train, [src[i] for i in decode_rows], origin)
+
+    def encoded(rows: list[int], size: int = 2000) -> Iterator[tuple[list, list]]:
+        for start in range(0, len(rows), size):
+            chunk = rows[start:start + size]
+            yield (src_codec.encode_batch([src[i] for i in chunk]),
+                   tgt_codec.encode_batch([tgt[i] for i in chunk]))
+    # Ids on disk, as tmt keeps them: Python lists of ids would hold ~0.3 GB of the peak memory.
+    store_dir = tempfile.TemporaryDirectory(prefix="tmt-bench-")
+    train = write_token_store(Path(store_dir.name) / "train", encoded(train_rows),
+                              src_codec.vocab_size, tgt_codec.vocab_size)
+    return Corpus(src_codec, tgt_codec, train, [src[i] for i in decode_rows], origin, store_dir)
 
 
 # --------------------------------------------------------------------------- training

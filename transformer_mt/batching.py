@@ -5,9 +5,10 @@ Masks follow one convention throughout: a boolean tensor that is True where atte
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import datasets
 import numpy as np
@@ -89,28 +90,33 @@ class TokenBatchSampler:
         self.world_size = world_size
         self.epoch = 0
         self.start = 0
+        self._shape_group = _shape_groups(self.lengths, self.sides)
+        self._plan_epoch: int | None = None
+        self._plan: list[np.ndarray] = []
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select the epoch's plan and skip its first `start` batches (resume mid-epoch)."""
         self.epoch, self.start = epoch, start
 
     def _all_batches(self, epoch: int) -> list[np.ndarray]:
+        # Built once per epoch: `__len__`, `__iter__` and every rank's share read the same plan.
+        if self._plan_epoch != epoch:
+            self._plan, self._plan_epoch = self._build_plan(epoch), epoch
+        return self._plan
+
+    def _build_plan(self, epoch: int) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
         # Sort by length, then by each side's length (on 350k Tatoeba pairs at 4096 tokens, the
         # share of real tokens rose from 0.90 to 0.99), breaking ties randomly so that batches
-        # differ between epochs.
-        tie_break = rng.random(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
-        order = np.lexsort((tie_break, *self.sides.T[::-1], self.lengths))
-        batches, current, longest = [], [], 0
-        for index in order:
-            length = int(self.lengths[index])
-            if current and max(longest, length) * (len(current) + 1) > self.batch_tokens:
-                batches.append(np.array(current))
-                current, longest = [], 0
-            current.append(index)
-            longest = max(longest, length)
-        if current:
-            batches.append(np.array(current))
+        # differ between epochs. Two stable sorts give np.lexsort's order over all the keys: by
+        # the tie-break first, then by the (length, sides) group, a radix sort on small integers.
+        if self.shuffle:
+            order = np.argsort(rng.random(len(self.lengths)), kind="stable")
+            order = order[np.argsort(self._shape_group[order], kind="stable")]
+        else:
+            order = np.argsort(self._shape_group, kind="stable")
+        starts = _batch_starts(self.lengths[order], self.batch_tokens)
+        batches = np.split(order, starts[1:]) if len(order) else []
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -134,15 +140,51 @@ class TokenBatchSampler:
         for batch in self.batches(self.epoch)[self.start:]:
             yield batch.tolist()
 
-    def padding_efficiency(self, pairs: EncodedPairs, epoch: int = 0) -> float:
-        """Real tokens ÷ computed positions (source and target sides) over one epoch's plan."""
-        src_len = np.array([len(s) + 2 for s in pairs.src])
-        tgt_len = np.array([len(t) + 1 for t in pairs.tgt])
-        real = computed = 0
-        for batch in self._all_batches(epoch):
-            real += src_len[batch].sum() + tgt_len[batch].sum()
-            computed += len(batch) * (src_len[batch].max() + tgt_len[batch].max())
-        return float(real / computed) if computed else 1.0
+    def padding_efficiency(self, pairs: Dataset, epoch: int = 0) -> float:
+        """Real tokens ÷ computed positions (source and target sides) over one epoch's plan;
+        `pairs` is the dataset the sampler draws from (its `lengths()`)."""
+        plan = self._all_batches(epoch)
+        if not plan:
+            return 1.0
+        sides = pairs.lengths()[np.concatenate(plan)]
+        sizes = np.fromiter(map(len, plan), dtype=np.int64, count=len(plan))
+        starts = np.cumsum(sizes) - sizes
+        computed = sizes * np.maximum.reduceat(sides, starts, axis=0).sum(axis=1)
+        return float(sides.sum() / computed.sum())
+
+
+def _shape_groups(lengths: np.ndarray, sides: np.ndarray) -> np.ndarray:
+    """For each example, the rank of its (length, each side's length) among all the distinct
+    ones in lexicographic order: one integer key to sort by, 16 bits when it fits."""
+    columns = [lengths, *sides.T]
+    radix = int(lengths.max(initial=0)) + 1
+    if radix ** len(columns) <= 2 ** 24:
+        # Lengths are bounded by data.max_len: a mixed-radix code per example compares as its
+        # row does, and a table of the codes present ranks them in linear time.
+        codes = np.zeros(len(lengths), dtype=np.int64)
+        for column in columns:
+            codes = codes * radix + column
+        present = np.bincount(codes, minlength=radix ** len(columns)) > 0
+        groups, distinct = (np.cumsum(present) - 1)[codes], int(present.sum())
+    else:
+        distinct_rows, groups = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        distinct = len(distinct_rows)
+    return groups.astype(np.int16 if distinct <= np.iinfo(np.int16).max else np.int64)
+
+
+def _batch_starts(sorted_lengths: np.ndarray, batch_tokens: int) -> np.ndarray:
+    """Where each batch begins in examples sorted by length, filled greedily: a batch [s, e]
+    holds while sorted_lengths[e] · (e - s + 1) ≤ batch_tokens (one example always fits)."""
+    starts = []
+    start, n = 0, len(sorted_lengths)
+    while start < n:
+        # Later examples are no shorter, so at most batch_tokens // shortest fit; over that
+        # window, padded size (longest × count) never decreases: a binary search finds the end.
+        window = sorted_lengths[start:start + batch_tokens // max(int(sorted_lengths[start]), 1)]
+        padded = window * np.arange(1, len(window) + 1)
+        starts.append(start)
+        start += max(int(np.searchsorted(padded, batch_tokens, side="right")), 1)
+    return np.array(starts, dtype=np.int64)
 
 
 # --------------------------------------------------------------------------- tensors
@@ -177,17 +219,34 @@ class Batch:
         return Batch(**move, n_tokens=self.n_tokens)
 
 
-def pad_sequences(sequences: list[list[int]], pad_id: int) -> torch.Tensor:
-    longest = max(len(s) for s in sequences)
-    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        out[row, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return out
+def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, first: int | None = None,
+                  last: int | None = None) -> torch.Tensor:
+    """(B, longest) int64: each row is `first`, the sequence, `last` (those given), then padding.
+
+    Sequences are lists of ids or numpy arrays (slices of a memory-mapped `TokenStore`); the
+    batch is assembled in one numpy array, with no Python step per token."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+    longest = int(lengths.max(initial=0))
+    offset = int(first is not None)
+    out = np.full((len(sequences), offset + longest + int(last is not None)), pad_id,
+                  dtype=np.int64)
+    if all(isinstance(s, np.ndarray) for s in sequences):
+        ids = np.concatenate(sequences) if len(sequences) else np.zeros(0, dtype=np.int64)
+    else:
+        ids = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64,
+                          count=int(lengths.sum()))
+    # A boolean mask fills row after row, in the order of the concatenated ids.
+    out[:, offset:offset + longest][np.arange(longest) < lengths[:, None]] = ids
+    if first is not None:
+        out[:, 0] = first
+    if last is not None:
+        out[np.arange(len(sequences)), offset + lengths] = last
+    return torch.from_numpy(out)
 
 
-def source_tensor(src_ids: list[list[int]], codec: TextCodec) -> torch.Tensor:
+def source_tensor(src_ids: Sequence[Sequence[int]], codec: TextCodec) -> torch.Tensor:
     """Encoder input [SOS] src [EOS], padded to the longest in the batch."""
-    return pad_sequences([[codec.sos_id, *s, codec.eos_id] for s in src_ids], codec.pad_id)
+    return pad_sequences(src_ids, codec.pad_id, first=codec.sos_id, last=codec.eos_id)
 
 
 class Collator:
@@ -196,11 +255,12 @@ class Collator:
     def __init__(self, src_codec: TextCodec, tgt_codec: TextCodec):
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
 
-    def __call__(self, pairs: list[tuple[list[int], list[int]]]) -> Batch:
+    def __call__(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> Batch:
         tgt = self.tgt_codec
         src = source_tensor([s for s, _ in pairs], self.src_codec)
-        tgt_in = pad_sequences([[tgt.sos_id, *t] for _, t in pairs], tgt.pad_id)
-        tgt_out = pad_sequences([[*t, tgt.eos_id] for _, t in pairs], tgt.pad_id)
+        targets = [t for _, t in pairs]
+        tgt_in = pad_sequences(targets, tgt.pad_id, first=tgt.sos_id)
+        tgt_out = pad_sequences(targets, tgt.pad_id, last=tgt.eos_id)
         return Batch(src=src, tgt_in=tgt_in, tgt_out=tgt_out,
                      src_mask=src_pad_mask(src, self.src_codec.pad_id),
                      tgt_mask=tgt_mask(tgt_in, tgt.pad_id),
