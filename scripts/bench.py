@@ -49,10 +49,12 @@ configure_openmp()                  # before torch is imported
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.batching import Batch, make_loader, source_tensor, src_pad_mask
+from transformer_mt.batching import Batch, make_loader
+from transformer_mt.model.masks import source_tensor, src_pad_mask
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, \
     TrainConfig
-from transformer_mt.data import clean_pairs, normalize_text
+from transformer_mt.data import clean_pairs
+from transformer_mt.tokenizer import normalize_text
 from transformer_mt.device import pick_device
 from transformer_mt.distributed import DistInfo, active as dist_active, exit_process, \
     init_distributed, joined, shutdown, sum_across_ranks

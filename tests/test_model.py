@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from transformer_mt.batching import src_pad_mask, tgt_mask
+from transformer_mt.model.masks import src_pad_mask, tgt_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
 from transformer_mt.model.attention import MultiHeadAttention

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from transformer_mt.batching import source_tensor, src_pad_mask
+from transformer_mt.model.masks import source_tensor, src_pad_mask
 from transformer_mt.checkpoint import atomic_save
 from transformer_mt.cli import main
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TokenizerConfig

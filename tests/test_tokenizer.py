@@ -1,7 +1,7 @@
 import pytest
 
 from transformer_mt.config import TokenizerConfig
-from transformer_mt.data import normalize_text
+from transformer_mt.tokenizer import normalize_text
 from transformer_mt.tokenizer import SPECIAL_TOKENS, TextCodec, train_tokenizer
 
 from conftest import sample_pairs

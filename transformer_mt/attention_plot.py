@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .batching import source_tensor, src_pad_mask
+from .model.masks import source_tensor, src_pad_mask
 from .errors import TmtError
 from .tokenizer import EOS, SOS
 from .translator import Translator

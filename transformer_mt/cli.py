@@ -233,7 +233,7 @@ def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
     """The sentences given as arguments, else the lines of --input FILE or of stdin (`-`), read
     lazily so that a large file is never held in memory at once. Bytes that are not UTF-8 stop
     the command with the line's number."""
-    from .data import utf8_lines
+    from .textio import utf8_lines
 
     if sentences:
         yield from sentences
@@ -395,7 +395,7 @@ def _evaluate_unseen(run, translator, beam: int, checkpoint: Path) -> dict:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .info import run_info
-    from .run import latest_run
+    from .rundir import latest_run
 
     setup_logging(logging.WARNING)
     run = Path(args.run) if args.run else latest_run(Path(args.runs_dir))
@@ -450,7 +450,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_model
-    from .run import find_checkpoint
+    from .rundir import find_checkpoint
 
     setup_logging(logging.WARNING)
     checkpoint = find_checkpoint(args.checkpoint, Path(args.run) if args.run else None,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .batching import source_tensor, src_pad_mask
+from .model.masks import source_tensor, src_pad_mask
 from .config import Config, DecodeConfig
 from .errors import TmtError
 from .model.embeddings import sinusoidal_table

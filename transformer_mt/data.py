@@ -10,20 +10,19 @@ import json
 import logging
 import os
 import random
-import re
 import socket
 import threading
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any
 
 import datasets
 import numpy as np
 
 from .config import DataConfig
 from .errors import TmtError
-from .tokenizer import token_limit_end
+from .textio import read_text_lines
+from .tokenizer import normalize_text, token_limit_end
 
 log = logging.getLogger(__name__)
 
@@ -55,36 +54,6 @@ def _local_file(path: str | None, what: str) -> str:
         raise TmtError(f"corpus file not found: {path} ({what}); point the config at an existing "
                        f"file, e.g. --set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
     return path
-
-
-def utf8_lines(handle: BinaryIO, name: str) -> Iterator[str]:
-    """The lines of a byte stream as text, without their line endings (LF or CRLF; a final newline
-    adds no line) and without a UTF-8 byte-order mark. Only LF ends a line, so that line numbers
-    match what editors and `wc -l` show (str.splitlines would also split at U+2028 and friends).
-    Bytes that are not UTF-8 stop the reading with the line's number."""
-    for number, raw in enumerate(handle, 1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            hint = " (it looks like UTF-16)" if raw.startswith((b"\xff\xfe", b"\xfe\xff")) else ""
-            raise TmtError(f"{name}: line {number} is not UTF-8 text{hint}: {exc.reason} at byte "
-                           f"{exc.start + 1} of the line; convert it to UTF-8 (e.g. iconv -f "
-                           f"latin1 -t utf-8)") from None
-        if number == 1:
-            line = line.removeprefix("\ufeff")
-        yield line.removesuffix("\n").removesuffix("\r")
-
-
-def read_text_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file (see `utf8_lines`); an empty file is an error."""
-    try:
-        with open(path, "rb") as handle:
-            lines = list(utf8_lines(handle, str(path)))
-    except OSError as exc:
-        raise TmtError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not lines:
-        raise TmtError(f"{path} is empty: it holds no sentences")
-    return lines
 
 
 def _report_skipped(where: str, bad_rows: list[int], total: int, unit: str, what: str) -> None:
@@ -226,18 +195,6 @@ def load_corpus(cfg: DataConfig) -> datasets.Dataset:
 
 
 # --------------------------------------------------------------------------- cleaning
-
-# Control characters (Unicode Cc), invisible format characters (Cf: zero-width spaces and joiners,
-# direction marks, BOM, soft hyphen) and line/paragraph separators: all become spaces.
-_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e"
-                        "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]")
-
-
-def normalize_text(text: str) -> str:
-    """NFC, control and format characters to spaces, runs of white space to one space."""
-    text = _INVISIBLE.sub(" ", unicodedata.normalize("NFC", text))
-    return " ".join(text.split())
-
 
 def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[str], list[str]]:
     """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate pairs with more

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import sacrebleu
 
-from .data import column, read_text_lines
+from .data import column
+from .textio import read_text_lines
 from .errors import TmtError
 from .run import RunDir, load_test_split
 from .translator import Translator

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TmtError
-from .run import RunDir, find_checkpoint, run_of_checkpoint
+from .rundir import RunDir, find_checkpoint, run_of_checkpoint
 from .translator import Translator
 
 

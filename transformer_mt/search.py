@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from .batching import causal_mask
+from .model.masks import causal_mask
 from .model import Transformer
 
 

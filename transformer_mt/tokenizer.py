@@ -10,6 +10,8 @@ spaces, so the round trip holds for any text whose characters were seen in train
 
 from __future__ import annotations
 
+import re
+import unicodedata
 from pathlib import Path
 from typing import Iterable
 
@@ -22,6 +24,17 @@ UNK, PAD, SOS, EOS = "[UNK]", "[PAD]", "[SOS]", "[EOS]"
 SPECIAL_TOKENS = [UNK, PAD, SOS, EOS]
 SPACE_MARKER = "▁"
 NO_CAP = 2**31 - 1
+
+# Control characters (Unicode Cc), invisible format characters (Cf: zero-width spaces and joiners,
+# direction marks, BOM, soft hyphen) and line/paragraph separators: all become spaces.
+_INVISIBLE = re.compile("[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+                        "\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb]")
+
+
+def normalize_text(text: str) -> str:
+    """NFC, control and format characters to spaces, runs of white space to one space."""
+    text = _INVISIBLE.sub(" ", unicodedata.normalize("NFC", text))
+    return " ".join(text.split())
 
 
 def _word_splitter() -> pre_tokenizers.PreTokenizer:

@@ -11,10 +11,10 @@ from typing import Any, Iterator
 
 import torch
 
-from .batching import source_tensor, src_pad_mask
+from .model.masks import source_tensor, src_pad_mask
 from .checkpoint import load_checkpoint
 from .config import Config, DecodeConfig, config_from_dict
-from .data import normalize_text
+from .tokenizer import normalize_text
 from .device import pick_device
 from .model import Transformer, build_model
 from .search import Hypothesis, SearchLimits, beam_search, greedy_search, top_k_sampler

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batching import causal_mask, pad_sequences, source_tensor, src_pad_mask
+from .model.masks import causal_mask, pad_sequences, source_tensor, src_pad_mask
 from .model import Transformer
 from .tokenizer import TextCodec
 
