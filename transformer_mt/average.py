@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import BEST, LAST, atomic_save, human_size, load_checkpoint
+from .checkpoint import atomic_save, human_size, load_checkpoint
+from .rundir import BEST, LAST
 from .errors import TmtError
 from .events import read_scalars
 from .paths import refuse_overwriting_inputs
