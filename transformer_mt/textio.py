@@ -30,13 +30,14 @@ def utf8_lines(handle: BinaryIO, name: str) -> Iterator[str]:
         yield line.removesuffix("\n").removesuffix("\r")
 
 
-def read_text_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file (see `utf8_lines`); an empty file is an error."""
+def read_text_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
+    """All lines of a UTF-8 text file (see `utf8_lines`); an empty file is an error unless
+    `allow_empty`."""
     try:
         with open(path, "rb") as handle:
             lines = list(utf8_lines(handle, str(path)))
     except OSError as exc:
         raise TmtError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not lines:
+    if not lines and not allow_empty:
         raise TmtError(f"{path} is empty: it holds no sentences")
     return lines

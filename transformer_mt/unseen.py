@@ -23,8 +23,9 @@ import datasets
 from .config import TokenizerConfig
 from .data import column, load_splits
 from .errors import TmtError
-from .evaluate import EvalSet, read_lines
+from .evaluate import EvalSet
 from .run import RunDir
+from .textio import read_text_lines
 from .tokenizer import SPACE_MARKER, SPECIAL_TOKENS, train_tokenizer
 
 # Tatoeba's most frequent names, which its Italian sides keep as they are.
@@ -106,5 +107,6 @@ def unseen_sets(run: RunDir) -> list[EvalSet]:
         except OSError as exc:
             raise TmtError(f"could not write the unseen-words sets to {folder}: "
                            f"{exc.strerror or exc}") from None
-    return [EvalSet(name, read_lines(folder / f"{name}.src"), read_lines(folder / f"{name}.ref"))
-            for name in names]
+    # A set may be empty (a test split without the names it swaps).
+    return [EvalSet(name, read_text_lines(folder / f"{name}.src", allow_empty=True),
+                    read_text_lines(folder / f"{name}.ref", allow_empty=True)) for name in names]
