@@ -50,20 +50,25 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.batching import Batch, make_loader
-from transformer_mt.model.masks import source_tensor, src_pad_mask
-from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, \
-    TrainConfig
+from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.data import clean_pairs
-from transformer_mt.tokenizer import normalize_text
 from transformer_mt.device import pick_device
-from transformer_mt.distributed import DistInfo, active as dist_active, exit_process, \
-    init_distributed, joined, shutdown, sum_across_ranks
+from transformer_mt.distributed import (
+    DistInfo,
+    exit_process,
+    init_distributed,
+    joined,
+    shutdown,
+    sum_across_ranks,
+)
+from transformer_mt.distributed import active as dist_active
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.model.flops import MatmulProbe, training_flops
+from transformer_mt.model.masks import source_tensor, src_pad_mask
 from transformer_mt.run import RunData, RunDir
 from transformer_mt.search import greedy_search
 from transformer_mt.token_store import TokenStore, write_token_store
-from transformer_mt.tokenizer import TextCodec, train_tokenizer
+from transformer_mt.tokenizer import TextCodec, normalize_text, train_tokenizer
 from transformer_mt.training import Trainer
 from transformer_mt.translator import Translator
 

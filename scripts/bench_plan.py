@@ -16,6 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from test_batch_plan import reference_plan  # noqa: E402
+
 from transformer_mt.batching import TokenBatchSampler  # noqa: E402
 
 

@@ -5,12 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_tmt, tiny_config_text, write_tsv
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data import load_corpus
 from transformer_mt.errors import TmtError
-
-from conftest import run_tmt, tiny_config_text, write_tsv
 
 
 def _error_line(result) -> str:

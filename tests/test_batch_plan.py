@@ -4,8 +4,8 @@ exactly."""
 
 import numpy as np
 import pytest
-
 from conftest import TATOEBA
+
 from transformer_mt.batching import TokenBatchSampler
 
 

@@ -2,8 +2,8 @@ import numpy as np
 import torch
 
 from transformer_mt.batching import Collator, EncodedPairs, TokenBatchSampler
-from transformer_mt.model.masks import tgt_mask
 from transformer_mt.config import TokenizerConfig
+from transformer_mt.model.masks import tgt_mask
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 
 

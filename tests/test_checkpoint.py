@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.checkpoint import atomic_save, load_checkpoint, rng_state, rotate, \
-    set_rng_state
+from transformer_mt.checkpoint import atomic_save, load_checkpoint, rng_state, rotate, set_rng_state
 from transformer_mt.errors import TmtError
 
 

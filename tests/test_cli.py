@@ -1,7 +1,6 @@
 """End to end through the real `tmt` command: train, resume, translate, and bad input."""
 
 import torch
-
 from conftest import run_tmt, tiny_config_text
 
 

@@ -1,13 +1,10 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
-
-import dataclasses
-
 import yaml
 
-from transformer_mt.config import Config, apply_overrides, config_from_dict, documented_yaml, \
-    load_config
+from transformer_mt.config import Config, apply_overrides, config_from_dict, documented_yaml, load_config
 from transformer_mt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

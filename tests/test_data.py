@@ -3,16 +3,22 @@ import time
 
 import datasets
 import pytest
+from conftest import sample_pairs, write_tsv
 
 from transformer_mt.batching import EncodedPairs
 from transformer_mt.config import DataConfig, TokenizerConfig
-from transformer_mt.data import clean_pairs, connected_components, load_corpus, normalize_text, \
-    prepare_splits, sentence_keys, split_by_component
+from transformer_mt.data import (
+    clean_pairs,
+    connected_components,
+    load_corpus,
+    normalize_text,
+    prepare_splits,
+    sentence_keys,
+    split_by_component,
+)
 from transformer_mt.errors import TmtError
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 from transformer_mt.training import trainable_pairs
-
-from conftest import sample_pairs, write_tsv
 
 
 def test_normalize_text_collapses_space_and_removes_control_characters():

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import ROOT, run_tmt, tiny_config_text
 
 STEPS = 12

@@ -13,6 +13,7 @@ import sys
 import pytest
 import sacrebleu
 import torch
+from conftest import ROOT, run_tmt, tiny_config_text
 from datasets import load_from_disk
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
@@ -21,8 +22,6 @@ from transformer_mt.config import config_from_dict
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.search import Hypothesis
 from transformer_mt.translator import Translator
-
-from conftest import ROOT, run_tmt, tiny_config_text
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SENTENCES = ["I love reading books.", "Where is the station?", "Tom is my friend."]

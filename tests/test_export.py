@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-
 from conftest import run_tmt
+from safetensors import safe_open
 from server_process import TmtServer
+
 from transformer_mt.checkpoint import atomic_save, load_checkpoint
 from transformer_mt.config import config_from_dict
 from transformer_mt.errors import TmtError

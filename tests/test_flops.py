@@ -3,10 +3,10 @@
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer_mt.model.masks import src_pad_mask, tgt_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
 from transformer_mt.model.flops import MatmulProbe, forward_flops, training_flops
+from transformer_mt.model.masks import src_pad_mask, tgt_mask
 
 
 def test_forward_flops_equal_the_counted_matmuls_of_one_pair():

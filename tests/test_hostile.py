@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from conftest import run_tmt, tiny_config_text
 
 CONFIG_ERROR, USER_ERROR = 2, 1

@@ -2,12 +2,12 @@
 
 import random
 
+from conftest import write_tsv
+
 from transformer_mt.cli import main
 from transformer_mt.evaluate import corpus_scores
 from transformer_mt.run import RunDir, load_data
 from transformer_mt.translator import Translator
-
-from conftest import write_tsv
 
 
 def test_tiny_model_learns_to_copy(tmp_path):

@@ -3,12 +3,12 @@ import dataclasses
 import pytest
 import torch
 
-from transformer_mt.model.masks import src_pad_mask, tgt_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.dropout import Dropout, ReluDropout
 from transformer_mt.model.embeddings import PositionalEncoding
+from transformer_mt.model.masks import src_pad_mask, tgt_mask
 
 PAD = 1
 SMALL = ModelConfig(d_model=32, layers=2, heads=4, d_ff=64, dropout=0.0)

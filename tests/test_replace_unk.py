@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
-from transformer_mt.model.masks import source_tensor, src_pad_mask
 from transformer_mt.checkpoint import atomic_save
 from transformer_mt.cli import main
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TokenizerConfig
 from transformer_mt.model import build_model
+from transformer_mt.model.masks import source_tensor, src_pad_mask
 from transformer_mt.tokenizer import UNK, TextCodec, train_tokenizer
 from transformer_mt.translator import Translator
 from transformer_mt.unk import attended_source_tokens

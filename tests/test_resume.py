@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_tmt, tiny_config_text
 
 from transformer_mt.checkpoint import load_checkpoint
-
-from conftest import run_tmt, tiny_config_text
 
 STEPS = 40
 

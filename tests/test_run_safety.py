@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_tmt, sample_pairs, tiny_config_text, write_tsv
 
 STEPS = 3

@@ -1,8 +1,8 @@
 import torch
 
-from transformer_mt.model.masks import src_pad_mask
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import build_model
+from transformer_mt.model.masks import src_pad_mask
 from transformer_mt.search import SearchLimits, beam_search, greedy_search
 
 PAD, SOS, EOS = 1, 2, 3

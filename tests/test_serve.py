@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import uvicorn
-
 from server_process import JsonClient, TmtServer
+
 from transformer_mt.config import DecodeConfig
 from transformer_mt.loading import LoadedModel
 from transformer_mt.serve import ServeLimits, create_app

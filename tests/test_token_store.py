@@ -7,8 +7,8 @@ import torch
 from transformer_mt.batching import Collator, TokenBatchSampler, make_loader
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import TmtError
-from transformer_mt.tokenizer import TextCodec, train_tokenizer
 from transformer_mt.token_store import TokenStore, write_token_store
+from transformer_mt.tokenizer import TextCodec, train_tokenizer
 
 
 def random_pairs(n: int, vocab_size: int, seed: int = 0,

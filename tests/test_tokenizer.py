@@ -1,10 +1,8 @@
 import pytest
+from conftest import sample_pairs
 
 from transformer_mt.config import TokenizerConfig
-from transformer_mt.tokenizer import normalize_text
-from transformer_mt.tokenizer import SPECIAL_TOKENS, TextCodec, train_tokenizer
-
-from conftest import sample_pairs
+from transformer_mt.tokenizer import SPECIAL_TOKENS, TextCodec, normalize_text, train_tokenizer
 
 TRICKY = ["L'uomo è qui.", "She said \"hello\", then left.", "It costs 3.50 euros (or 4).",
           "Don't stop!", "«Sì», disse l'uomo — «davvero?»", "Is it 10:30 a.m.?",

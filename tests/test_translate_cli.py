@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from conftest import run_tmt
+
 from transformer_mt import __version__
 from transformer_mt.translator import Translator
 

@@ -4,8 +4,7 @@ import re
 
 import datasets
 
-from transformer_mt.unseen import FREQUENT_NAMES, NEW_NAMES, name_swap_set, new_names, \
-    rare_word_set
+from transformer_mt.unseen import FREQUENT_NAMES, NEW_NAMES, name_swap_set, new_names, rare_word_set
 
 
 def _pairs(rows):

@@ -13,8 +13,8 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
-
 from server_process import TmtServer
+
 from transformer_mt.translator import Translator
 
 CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome")

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .model.masks import source_tensor, src_pad_mask
 from .errors import TmtError
+from .model.masks import source_tensor, src_pad_mask
 from .tokenizer import EOS, SOS
 from .translator import Translator
 from .unk import last_layer_cross_attention

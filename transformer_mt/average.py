@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from .checkpoint import atomic_save, human_size, load_checkpoint
-from .rundir import BEST, LAST
 from .errors import TmtError
 from .events import read_scalars
 from .paths import refuse_overwriting_inputs
 from .run import RunDir
+from .rundir import BEST, LAST
 
 log = logging.getLogger(__name__)
 

@@ -328,8 +328,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- evaluate
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import default_output, evaluate, file_test_set, report_path, run_test_set, \
-        write_outputs
+    from .evaluate import default_output, evaluate, file_test_set, report_path, run_test_set, write_outputs
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
@@ -408,7 +407,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    from .average import average_run_checkpoints, average_files
+    from .average import average_files, average_run_checkpoints
 
     setup_logging()
     if args.files and (args.run or args.last is not None or args.best is not None):

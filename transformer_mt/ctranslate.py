@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .model.masks import source_tensor, src_pad_mask
 from .config import Config, DecodeConfig
 from .errors import TmtError
 from .model.embeddings import sinusoidal_table
+from .model.masks import source_tensor, src_pad_mask
 from .search import Hypothesis, SearchLimits, length_penalty
 from .tokenizer import EOS, SOS, UNK, TextCodec
 from .translator import Translator

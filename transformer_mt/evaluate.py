@@ -11,9 +11,9 @@ from pathlib import Path
 import sacrebleu
 
 from .data import column
-from .textio import read_text_lines
 from .errors import TmtError
 from .run import RunDir, load_test_split
+from .textio import read_text_lines
 from .translator import Translator
 
 

@@ -20,9 +20,18 @@ from .batching import EncodedPairs, encode_split
 from .config import Config
 from .data import Splits, column, load_split, load_splits, prepare_splits, save_splits
 from .errors import TmtError
+
 # RunDir and the run lookups lived here before rundir.py; they are still imported from here.
-from .rundir import (CHECKPOINT_NAMES, RunDir, commit_staging, find_checkpoint,  # noqa: F401
-                     fingerprint, fresh_staging, latest_run, run_of_checkpoint)
+from .rundir import (  # noqa: F401
+    CHECKPOINT_NAMES,
+    RunDir,
+    commit_staging,
+    find_checkpoint,
+    fingerprint,
+    fresh_staging,
+    latest_run,
+    run_of_checkpoint,
+)
 from .tokenizer import TextCodec, train_tokenizer
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from .model.masks import causal_mask
 from .model import Transformer
+from .model.masks import causal_mask
 
 
 @dataclass(frozen=True)

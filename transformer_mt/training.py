@@ -19,12 +19,18 @@ from tqdm import tqdm
 
 from .attention_plot import attention_figure, cross_attention
 from .batching import Batch, Collator, EncodedPairs, TokenBatchSampler, make_loader
-from .checkpoint import atomic_save, check_writable, human_size, rng_state, rotate, \
-    set_rng_state, step_checkpoint_name
+from .checkpoint import (
+    atomic_save,
+    check_writable,
+    human_size,
+    rng_state,
+    rotate,
+    set_rng_state,
+    step_checkpoint_name,
+)
 from .config import Config
 from .device import autocast
-from .distributed import DistInfo, any_rank, broadcast_from_main, gather_to_main, \
-    sum_across_ranks
+from .distributed import DistInfo, any_rank, broadcast_from_main, gather_to_main, sum_across_ranks
 from .errors import TmtError
 from .evaluate import corpus_scores
 from .loss import projected_label_smoothed_loss

@@ -11,14 +11,13 @@ from typing import Any, Iterator
 
 import torch
 
-from .model.masks import source_tensor, src_pad_mask
 from .checkpoint import load_checkpoint
 from .config import Config, DecodeConfig, config_from_dict
-from .tokenizer import normalize_text
 from .device import pick_device
 from .model import Transformer, build_model
+from .model.masks import source_tensor, src_pad_mask
 from .search import Hypothesis, SearchLimits, beam_search, greedy_search, top_k_sampler
-from .tokenizer import TextCodec
+from .tokenizer import TextCodec, normalize_text
 from .unk import UnknownCounts, attended_source_tokens, unknown_replacements
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .model.masks import causal_mask, pad_sequences, source_tensor, src_pad_mask
 from .model import Transformer
+from .model.masks import causal_mask, pad_sequences, source_tensor, src_pad_mask
 from .tokenizer import TextCodec
 
 
