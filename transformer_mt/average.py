@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import atomic_save, human_size, load_checkpoint
+from .checkpoint import Checkpoint, human_size, read_checkpoint, save
 from .errors import TmtError
 from .events import read_scalars
 from .paths import refuse_overwriting_inputs
@@ -22,9 +22,6 @@ from .run import RunDir
 from .rundir import BEST, LAST
 
 log = logging.getLogger(__name__)
-
-KEPT_KEYS = ("config", "vocab", "tokenizers", "step", "epoch")
-
 
 def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The element-wise mean of model state dicts with the same keys and shapes. Sums are taken
@@ -71,16 +68,18 @@ def average_files(paths: list[Path], output: Path) -> Path:
     if output.name in (LAST, BEST) and output.parent.name == "checkpoints":
         raise TmtError(f"--output {output} would replace the run's own {output.name} (which "
                        f"resuming and translating use); choose another file name")
-    states = [load_checkpoint(p) for p in paths]
-    if any(s["tokenizers"] != states[-1]["tokenizers"] for s in states):
+    states = [read_checkpoint(p) for p in paths]
+    newest = states[-1]
+    if any(s.tokenizers != newest.tokenizers for s in states):
         raise TmtError("the checkpoints use different tokenizers: they come from different runs")
-    averaged = {key: states[-1][key] for key in KEPT_KEYS if key in states[-1]}
-    averaged["model"] = average_state_dicts([s["model"] for s in states])
-    averaged["averaged_from"] = [{"file": str(p), "step": s.get("step")}
-                                 for p, s in zip(paths, states)]
-    size = atomic_save(averaged, output)
+    averaged = Checkpoint(model=average_state_dicts([s.model for s in states]),
+                          config=newest.config, tokenizers=newest.tokenizers, vocab=newest.vocab,
+                          step=newest.step, epoch=newest.epoch,
+                          averaged_from=[{"file": str(p), "step": s.step}
+                                         for p, s in zip(paths, states)])
+    size = save(averaged, output)
     log.info("averaged %d checkpoints (steps %s) into %s (%s)", len(paths),
-             ", ".join(str(s.get("step")) for s in states), output, human_size(size))
+             ", ".join(str(s.step) for s in states), output, human_size(size))
     return output
 
 

@@ -1,7 +1,9 @@
-"""Checkpoints: atomic writes, safe loading, rotation, and the random state for exact resume.
+"""Checkpoints: the one checkpoint schema (`Checkpoint`, `TrainState`, `pack`/`unpack`), atomic
+writes, safe loading, rotation, and the random state for exact resume.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts, so that it loads with
-`torch.load(weights_only=True)`, which refuses pickled code.
+`torch.load(weights_only=True)`, which refuses pickled code. Only this module knows its keys:
+everything else reads a checkpoint through `read_checkpoint`/`unpack`.
 """
 
 from __future__ import annotations
@@ -12,13 +14,153 @@ import random
 import re
 import secrets
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .errors import TmtError
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .tokenizer import TextCodec
+
+
+# --------------------------------------------------------------------------- schema
+
+@dataclass
+class TrainState:
+    """The trainer's counters: where it is in the data, how validation went, numerical faults.
+    Everything else a resume needs is the model, the optimizer and the random states."""
+
+    step: int = 0                 # steps taken, skipped ones included
+    epoch: int = 0                # full passes over the training pairs
+    batch_in_epoch: int = 0       # batches of the current epoch already used
+    best_bleu: float = -1.0
+    best_step: int = 0
+    validation_bleu: dict[int, float] = field(default_factory=dict)   # step -> BLEU
+    bad_steps: int = 0            # consecutive steps skipped for a non-finite loss/gradient
+    skipped_steps: int = 0
+
+    @property
+    def updates(self) -> int:
+        """Optimizer updates applied so far: the learning rate is a function of this count."""
+        return self.step - self.skipped_steps
+
+    def record_validation(self, bleu: float) -> bool:
+        """Note the BLEU of a validation at the current step; True if it is a new best."""
+        self.validation_bleu[self.step] = bleu
+        if bleu <= self.best_bleu:
+            return False
+        self.best_bleu, self.best_step = bleu, self.step
+        return True
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "best_bleu": self.best_bleu, "best_step": self.best_step,
+                "validation_bleu": [[step, bleu] for step, bleu in self.validation_bleu.items()],
+                "bad_steps": self.bad_steps, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.batch_in_epoch = state["batch_in_epoch"]
+        self.best_bleu, self.best_step = state["best_bleu"], state["best_step"]
+        self.validation_bleu = {int(step): bleu for step, bleu in state["validation_bleu"]}
+        self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint, unpacked. Every checkpoint holds the weights, the resolved config and the
+    tokenizers (all a translator needs); a training checkpoint (last.pt, best.pt, stepN.pt) also
+    holds what an exact resume needs; an averaged one, the files it was averaged from."""
+
+    model: dict[str, torch.Tensor]
+    config: dict                          # the resolved config, as Config.to_dict() wrote it
+    tokenizers: dict[str, str]            # "src"/"tgt" -> the serialised tokenizer
+    vocab: dict[str, int]                 # "src"/"tgt" -> vocabulary size
+    step: int | None = None
+    epoch: int | None = None
+    train: TrainState | None = None       # training checkpoints only, as the next four
+    optimizer: dict | None = None
+    rng_ranks: list[dict] | None = None   # each rank's random states
+    rank_parameter_checksums: list[float] | None = None
+    averaged_from: list[dict] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return len(self.rng_ranks) if self.rng_ranks else 1
+
+    def settings(self, where: str) -> Config:
+        """The config it was trained with; `where` names the checkpoint in errors."""
+        from .config import config_from_dict
+        return config_from_dict(self.config, where)
+
+    def codecs(self) -> tuple[TextCodec, TextCodec]:
+        """The source and target tokenizers it was trained with."""
+        from .tokenizer import TextCodec
+        return TextCodec.from_str(self.tokenizers["src"]), TextCodec.from_str(self.tokenizers["tgt"])
+
+
+def training_checkpoint(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        train: TrainState, cfg: Config, src_codec: TextCodec,
+                        tgt_codec: TextCodec, rng_ranks: list[dict],
+                        checksums: list[float] | None = None) -> Checkpoint:
+    return Checkpoint(model=model.state_dict(), config=cfg.to_dict(),
+                      tokenizers={"src": src_codec.to_str(), "tgt": tgt_codec.to_str()},
+                      vocab={"src": src_codec.vocab_size, "tgt": tgt_codec.vocab_size},
+                      step=train.step, epoch=train.epoch, train=train,
+                      optimizer=optimizer.state_dict(), rng_ranks=rng_ranks,
+                      rank_parameter_checksums=checksums)
+
+
+def pack(checkpoint: Checkpoint) -> dict:
+    """The dict that is saved: flat, as it has been since the first release of the format (so
+    that `torch.load` alone shows it)."""
+    state: dict = {"model": checkpoint.model, "config": checkpoint.config,
+                   "vocab": checkpoint.vocab, "tokenizers": checkpoint.tokenizers}
+    if checkpoint.train is not None:
+        state.update(checkpoint.train.state_dict())
+        state["optimizer"] = checkpoint.optimizer
+        state["rng"] = checkpoint.rng_ranks[0]
+        state["world_size"] = checkpoint.world_size
+        if checkpoint.world_size > 1:
+            state["rng_ranks"] = checkpoint.rng_ranks
+            state["rank_parameter_checksums"] = checkpoint.rank_parameter_checksums
+    else:
+        state.update({key: value for key, value in (("step", checkpoint.step),
+                                                    ("epoch", checkpoint.epoch),
+                                                    ("averaged_from", checkpoint.averaged_from))
+                      if value is not None})
+    return state
+
+
+def unpack(state: dict) -> Checkpoint:
+    """The inverse of `pack`, for a dict that load_checkpoint accepted. Checkpoints written
+    before the learning rate became a function of the step also hold a "scheduler" entry:
+    it is not needed (the rate follows from the step count and the config)."""
+    checkpoint = Checkpoint(model=state["model"], config=state["config"],
+                            tokenizers=state.get("tokenizers") or {},
+                            vocab=state.get("vocab") or {}, step=state.get("step"),
+                            epoch=state.get("epoch"), averaged_from=state.get("averaged_from"))
+    if "optimizer" in state:
+        checkpoint.train = TrainState()
+        checkpoint.train.load_state_dict(state)
+        checkpoint.optimizer = state["optimizer"]
+        checkpoint.rng_ranks = state.get("rng_ranks") or [state["rng"]]
+        checkpoint.rank_parameter_checksums = state.get("rank_parameter_checksums")
+    return checkpoint
+
+
+def save(checkpoint: Checkpoint, path: Path) -> int:
+    """Write `checkpoint` atomically to `path`; returns its size in bytes."""
+    return atomic_save(pack(checkpoint), path)
+
+
+def read_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
+    return unpack(load_checkpoint(path, map_location))
 
 
 def atomic_save(obj: dict, path: Path) -> int:
@@ -99,11 +241,11 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def check_fits(state: dict, model: torch.nn.Module, path: Path) -> None:
+def check_fits(checkpoint: Checkpoint, model: torch.nn.Module, path: Path) -> None:
     """Refuse a checkpoint whose parameters do not fit `model` (names and shapes), before
     load_state_dict, whose error would be a traceback of every mismatch."""
     expected = model.state_dict()
-    saved = state["model"] if isinstance(state.get("model"), dict) else {}
+    saved = checkpoint.model if isinstance(checkpoint.model, dict) else {}
     advice = ("it was trained with another vocabulary or model settings, in another run; "
               "resume it in its own run directory")
     for name in sorted(set(expected) | set(saved)):
@@ -169,7 +311,3 @@ def human_size(size: int) -> str:
             return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
         size /= 1024
     return f"{size:.1f} GB"
-
-
-def state_summary(state: dict[str, Any]) -> str:
-    return f"step {state.get('step', '?')}, epoch {state.get('epoch', '?')}"

@@ -9,54 +9,19 @@ import json
 import logging
 import logging.handlers
 import os
-import random
 import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from . import __version__
 from .errors import TmtError
+from .logs import setup_logging
 from .openmp import configure_openmp
 from .paths import STDIO, refuse_overwriting_inputs
 
 log = logging.getLogger("transformer_mt")
 
 STDIN_CHUNK = 256     # lines translated together when streaming from stdin
-
-
-class _TqdmHandler(logging.Handler):
-    """Log lines printed through tqdm so that they do not tear the progress bar."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from tqdm import tqdm
-        tqdm.write(self.format(record), file=sys.stderr)
-
-
-def setup_logging(level: int = logging.INFO, prefix: str = "tmt",
-                  hold_for_file: bool = False) -> None:
-    """Log to stderr; with `hold_for_file`, also keep the records in memory until
-    `log_to_file` names the file they belong in (a refused start writes no log file)."""
-    log.handlers.clear()
-    log.setLevel(logging.INFO)
-    console = _TqdmHandler()
-    console.setLevel(level)
-    console.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
-    log.addHandler(console)
-    if hold_for_file:
-        log.addHandler(logging.handlers.MemoryHandler(capacity=1 << 20,
-                                                      flushLevel=logging.CRITICAL + 1))
-    log.propagate = False
-
-
-def log_to_file(log_file: Path) -> None:
-    """Append the held records, and all later ones, to `log_file`."""
-    handler = logging.FileHandler(log_file, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    for held in [h for h in log.handlers if isinstance(h, logging.handlers.MemoryHandler)]:
-        held.setTarget(handler)
-        held.flush()
-        log.removeHandler(held)
-    log.addHandler(handler)
 
 
 # --------------------------------------------------------------------------- train
@@ -96,99 +61,13 @@ def _print_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(args)
     cfg, run = _load_train_config(args)
-    from .rundir import claim_for_training
+    from .training import run_training
 
-    # Rank 0 alone writes the run (torchrun's other ranks only read it). It checks the directory
-    # and takes the run's lock before torch loads, so a second writer is stopped at once.
-    is_main = os.environ.get("RANK", "0") == "0"
-    with claim_for_training(cfg, run, args.resume) if is_main else contextlib.nullcontext():
-        from .distributed import init_distributed, shutdown
-
-        info, device_name = init_distributed(cfg.train.device)
-        try:
-            return _train(cfg, run, args.resume, info, device_name)
-        finally:
-            shutdown()
-
-
-def _train(cfg, run, resume: bool, info, device_name: str) -> int:
-    import torch
-
-    from .checkpoint import check_fits, load_checkpoint, remove_partial_writes
-    from .config import save_config
-    from .device import pick_device
-    from .distributed import barrier
-    from .model import build_model, count_parameters
-    from .resume import check_resume_config
-    from .run import load_data, prepare_data, restore_tokenizers
-    from .training import Trainer
-
-    state, changes = None, []
-    if resume:
-        state = load_checkpoint(run.last)
-        changes = check_resume_config(cfg, state)
-        max_steps = cfg.train.max_steps
-        if max_steps is not None and state["step"] >= max_steps:
-            if info.is_main:
-                print(f"tmt: {run.path} already reached step {state['step']} (train.max_steps="
-                      f"{max_steps}); pass a larger --max-steps to continue", file=sys.stderr)
-            return 0
-    if info.is_main:
-        setup_logging(hold_for_file=True)
-    else:
-        setup_logging(logging.WARNING, prefix=f"tmt[rank {info.rank}]")
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    device = pick_device(device_name)
-    _seed_everything(cfg.train.seed)
-    # Rank 0 alone writes the split, the tokenizers and the encoded-ids cache; the other ranks
-    # wait, then read the very same files (no races, one split for all). A resume never
-    # prepares: the run's split and tokenizers are its identity.
-    if info.is_main:
-        if resume:
-            restore_tokenizers(run, state)
-        else:
-            prepare_data(cfg, run)
-        data = load_data(run)
-    barrier()
-    if not info.is_main:
-        data = load_data(run)
-    model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size,
-                        cfg.tokenizer.joint)
-    if state is not None:
-        check_fits(state, model, run.last)
-    model.to(device)
-    if info.rank:
-        torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
-    trainer = Trainer(cfg, run, data, model, device, info)
-    if state is not None:
-        trainer.load_state_dict(state)      # refuses a checkpoint of another process count
-    # Accepted: only now are the run's log and config written.
-    if info.is_main:
-        remove_partial_writes(run.checkpoints)
-        log_to_file(run.path / "train.log")
-        save_config(cfg, run.config)
-        for change in changes:
-            log.info(change)
-    if state is not None:
-        log.info("resumed %s at step %d (epoch %d)", run.path, trainer.step, trainer.epoch)
-    log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s%s; run %s",
-             f"{count_parameters(model):,}", cfg.model.d_model, cfg.model.layers,
-             data.src_codec.vocab_size, data.tgt_codec.vocab_size, device,
-             f" x {info.world_size} processes" if info.enabled else "", run.path)
-    return trainer.train()
+    return run_training(cfg, run, args.resume)
 
 
 # --------------------------------------------------------------------------- translate

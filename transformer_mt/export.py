@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .checkpoint import load_checkpoint
+from .checkpoint import Checkpoint, read_checkpoint
 from .config import config_from_dict
 from .errors import TmtError
 from .tokenizer import TextCodec
@@ -49,11 +49,12 @@ def _model_card(manifest: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _scores(checkpoint: Path, state: dict) -> dict[str, Any]:
+def _scores(checkpoint: Path, saved: Checkpoint) -> dict[str, Any]:
     """The validation score the checkpoint records, and the run's test reports of it."""
     scores: dict[str, Any] = {}
-    if state.get("best_bleu") is not None:
-        scores["best validation BLEU"] = f"{state['best_bleu']:.2f} (step {state.get('best_step')})"
+    if saved.train is not None:
+        scores["best validation BLEU"] = (f"{saved.train.best_bleu:.2f} "
+                                          f"(step {saved.train.best_step})")
     eval_dir = checkpoint.resolve().parent.parent / "eval"
     for report_path in sorted(eval_dir.glob("*.json")) if eval_dir.is_dir() else []:
         try:
@@ -75,16 +76,16 @@ def export_model(checkpoint: Path, output: Path, fmt: str, quantization: str | N
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise TmtError(f"--output {output} already exists; choose a new folder (tmt never "
                        f"overwrites files it did not create)")
-    state = load_checkpoint(checkpoint)
-    cfg = config_from_dict(state["config"], str(checkpoint))
-    codecs = {side: TextCodec.from_str(state["tokenizers"][side]) for side in ("src", "tgt")}
+    saved = read_checkpoint(checkpoint)
+    cfg = saved.settings(str(checkpoint))
+    codecs = dict(zip(("src", "tgt"), saved.codecs()))
     if fmt == "ctranslate2":
         quantization = quantization or "float32"
     manifest = {"format": fmt, "quantization": quantization, "tmt_version": __version__,
                 "run": checkpoint.resolve().parent.parent.name
                 if checkpoint.resolve().parent.name == "checkpoints" else None,
-                "checkpoint": str(checkpoint.resolve()), "step": state.get("step"),
-                "config": state["config"], "scores": _scores(checkpoint, state)}
+                "checkpoint": str(checkpoint.resolve()), "step": saved.step,
+                "config": saved.config, "scores": _scores(checkpoint, saved)}
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
@@ -97,11 +98,11 @@ def export_model(checkpoint: Path, output: Path, fmt: str, quantization: str | N
             from .model import build_model
             model = build_model(cfg.model, codecs["src"].vocab_size, codecs["tgt"].vocab_size,
                                 cfg.tokenizer.joint)
-            model.load_state_dict(state["model"])
+            model.load_state_dict(saved.model)
             save_model(model, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
         else:
             from .ctranslate import build_spec, save_spec
-            spec = build_spec(cfg, state["model"], codecs["src"], codecs["tgt"])
+            spec = build_spec(cfg, saved.model, codecs["src"], codecs["tgt"])
             save_spec(spec, staging / "ct2", manifest["quantization"])
             for item in (staging / "ct2").iterdir():
                 item.rename(staging / item.name)

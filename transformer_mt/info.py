@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from .checkpoint import human_size, load_checkpoint
+from .checkpoint import human_size, read_checkpoint
 from .config import read_yaml
 from .errors import TmtError
 from .events import read_scalars
@@ -33,7 +33,7 @@ def _checkpoint_files(run: RunDir) -> list[dict]:
     return files
 
 
-def _best_validation(run: RunDir, state: dict) -> dict | None:
+def _best_validation(run: RunDir, checkpoint_best_step: int | None) -> dict | None:
     scalars = read_scalars(run.tensorboard)
     bleu = scalars.get("valid/bleu", [])
     if not bleu:
@@ -42,7 +42,7 @@ def _best_validation(run: RunDir, state: dict) -> dict | None:
     chrf = {s.step: s.value for s in scalars.get("valid/chrf", [])}
     return {"bleu": round(best.value, 2), "chrf": round(chrf.get(best.step, float("nan")), 2),
             "step": best.step, "hours": round(best.hours, 3),
-            "validations": len(bleu), "checkpoint_best_step": state.get("best_step")}
+            "validations": len(bleu), "checkpoint_best_step": checkpoint_best_step}
 
 
 def _evaluations(run: RunDir) -> list[dict]:
@@ -65,12 +65,13 @@ def run_info(run_path: Path) -> dict:
     config = read_yaml(run.config)
     info: dict = {"run": str(run_path), "config": config}
     if run.last.is_file():
-        state = load_checkpoint(run.last)
-        info["training"] = {"step": state.get("step"), "epoch": state.get("epoch")}
-        info["model"] = {"parameters": count_state_parameters(state["model"]),
-                         "vocab": state.get("vocab"),
+        saved = read_checkpoint(run.last)
+        info["training"] = {"step": saved.step, "epoch": saved.epoch}
+        info["model"] = {"parameters": count_state_parameters(saved.model),
+                         "vocab": saved.vocab,
                          "tokenizer": config.get("tokenizer", {}).get("type", "word")}
-        info["best_validation"] = _best_validation(run, state)
+        info["best_validation"] = _best_validation(
+            run, saved.train.best_step if saved.train else None)
     info["checkpoints"] = _checkpoint_files(run) if run.checkpoints.is_dir() else []
     info["evaluations"] = _evaluations(run)
     info["text"] = _render(info)

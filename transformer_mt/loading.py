@@ -58,10 +58,10 @@ def load_model(checkpoint: str | None, run: str | None, runs_dir: str, model_dir
         backend = "ctranslate2" if manifest["format"] == "ctranslate2" else "pytorch"
         return LoadedModel(translator, weights, manifest.get("step"), backend, run_dir,
                            manifest["format"])
-    from .checkpoint import load_checkpoint
+    from .checkpoint import read_checkpoint
 
     path = find_checkpoint(checkpoint, Path(run) if run else None, Path(runs_dir))
-    state = load_checkpoint(path)
-    translator = Translator.from_state(state, str(path), device, replace_unk, **decode_changes)
+    saved = read_checkpoint(path)
+    translator = Translator.from_state(saved, str(path), device, replace_unk, **decode_changes)
     run_dir = RunDir(Path(run)) if run else run_of_checkpoint(path)
-    return LoadedModel(translator, path, state.get("step"), "pytorch", run_dir)
+    return LoadedModel(translator, path, saved.step, "pytorch", run_dir)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .config import Config, config_from_dict
+from .checkpoint import Checkpoint
+from .config import Config
 from .errors import TmtError
 
 # Changing these would not fit the saved weights, vocabulary or frozen split.
@@ -25,10 +26,10 @@ def _is_fixed(key: str) -> bool:
     return section in FIXED_SECTIONS or (section == "model" and name in FIXED_MODEL_KEYS)
 
 
-def check_resume_config(cfg: Config, state: dict) -> list[str]:
+def check_resume_config(cfg: Config, checkpoint: Checkpoint) -> list[str]:
     """Refuse changes to fixed keys (naming them). Returns the accepted changes, described for
     the log (written once the resume is accepted)."""
-    saved = _flatten(config_from_dict(state["config"], "checkpoint").to_dict())
+    saved = _flatten(checkpoint.settings("checkpoint").to_dict())
     new = _flatten(cfg.to_dict())
     changed = sorted(k for k in new if k not in ("name", "runs_dir") and saved.get(k) != new[k])
     refused = [k for k in changed if _is_fixed(k)]

@@ -17,6 +17,7 @@ from pathlib import Path
 import datasets
 
 from .batching import EncodedPairs, encode_split
+from .checkpoint import Checkpoint
 from .config import Config
 from .data import Splits, column, load_split, load_splits, prepare_splits, save_splits
 from .errors import TmtError
@@ -88,12 +89,11 @@ def _train_tokenizers(cfg: Config, splits: Splits, directory: Path) -> None:
                      cfg.tokenizer.min_frequency)
 
 
-def restore_tokenizers(run: RunDir, state: dict) -> None:
+def restore_tokenizers(run: RunDir, checkpoint: Checkpoint) -> None:
     """Make sure the run's tokenizer files are the ones the checkpoint was trained with: a
     missing file is restored from the copy embedded in the checkpoint; a damaged or different
     one is refused (it is left as it is)."""
-    embedded = state.get("tokenizers") or {}
-    vocab = state.get("vocab") or {}
+    embedded, vocab = checkpoint.tokenizers, checkpoint.vocab
     for side in ("src", "tgt"):
         path = run.tokenizers / f"{side}.json"
         if not path.is_file():

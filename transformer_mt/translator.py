@@ -11,8 +11,8 @@ from typing import Any, Iterator
 
 import torch
 
-from .checkpoint import load_checkpoint
-from .config import Config, DecodeConfig, config_from_dict
+from .checkpoint import Checkpoint, read_checkpoint
+from .config import DecodeConfig
 from .device import pick_device
 from .model import Transformer, build_model
 from .model.masks import source_tensor, src_pad_mask
@@ -43,19 +43,18 @@ class Translator:
     def from_checkpoint(cls, path: Path, device: str = "auto", replace_unk: bool | None = None,
                         **decode_changes: Any) -> "Translator":
         """`decode_changes` override the run's decode settings, e.g. batch_tokens=2000."""
-        return cls.from_state(load_checkpoint(path), str(path), device, replace_unk,
+        return cls.from_state(read_checkpoint(path), str(path), device, replace_unk,
                               **decode_changes)
 
     @classmethod
-    def from_state(cls, state: dict, where: str, device: str = "auto",
+    def from_state(cls, checkpoint: Checkpoint, where: str, device: str = "auto",
                    replace_unk: bool | None = None, **decode_changes: Any) -> "Translator":
         """As `from_checkpoint`, from a checkpoint already loaded from `where`."""
-        cfg: Config = config_from_dict(state["config"], where)
-        src_codec = TextCodec.from_str(state["tokenizers"]["src"])
-        tgt_codec = TextCodec.from_str(state["tokenizers"]["tgt"])
+        cfg = checkpoint.settings(where)
+        src_codec, tgt_codec = checkpoint.codecs()
         model = build_model(cfg.model, src_codec.vocab_size, tgt_codec.vocab_size,
                             cfg.tokenizer.joint)
-        model.load_state_dict(state["model"])
+        model.load_state_dict(checkpoint.model)
         decode_cfg = dataclasses.replace(cfg.decode, **decode_changes)
         return cls(model, src_codec, tgt_codec, decode_cfg, pick_device(device), replace_unk)
 

@@ -11,18 +11,21 @@ positions; d = d_model, f = d_ff, L = layers, V = target vocabulary; a matmul of
 Training = 3 × forward (the backward pass computes two matmuls per forward matmul). Dividing by
 the real target tokens attributes the encoder's work to the target tokens of its sentence.
 
-The reference rate is measured, not taken from a data sheet: on a shared CPU the achievable rate
-moves with the load, so the probe runs in short bursts between the measured steps and both see
-the same machine.
+The benchmark measures its reference rate instead of taking it from a data sheet: on a shared
+CPU the achievable rate moves with the load, so the probe runs in short bursts between the
+measured steps and both see the same machine. Training logs MFU against `peak_flops`: the
+TMT_PEAK_FLOPS environment variable, else the data-sheet rate of a known GPU, else a short probe.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
 
 from ..config import ModelConfig
+from ..errors import TmtError
 
 
 def forward_flops(cfg: ModelConfig, tgt_vocab: int, src_len: torch.Tensor,
@@ -48,6 +51,42 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+# Dense bf16 tensor-core FLOP/s from NVIDIA's data sheets (no sparsity); the first name that is
+# part of torch.cuda.get_device_name() applies, so longer names come first.
+GPU_PEAK_FLOPS = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),          # SXM
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+PROBE_SECONDS = 0.2
+PROBE_SIZE = 1024
+
+
+def peak_flops(device: torch.device) -> tuple[float, str]:
+    """The FLOP/s that MFU divides by, and where the figure comes from. A CPU has no data-sheet
+    rate that its fp32 matmuls reach (it depends on the vector units, clock and threads), so
+    there, as for an unlisted GPU, it is the matrix-multiply rate measured for 0.2 s at the start:
+    the MFU of a CPU run says how close the model comes to the best matmul rate of the machine."""
+    override = os.environ.get("TMT_PEAK_FLOPS")
+    if override:
+        try:
+            return float(override), "TMT_PEAK_FLOPS"
+        except ValueError:
+            raise TmtError(f"TMT_PEAK_FLOPS={override!r} is not a number of FLOP/s (e.g. 989e12)"
+                           ) from None
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for part, flops in GPU_PEAK_FLOPS:
+            if part in name:
+                return flops, f"{name}, bf16 data sheet"
+    probe = MatmulProbe(device, PROBE_SIZE)
+    probe.sample(PROBE_SECONDS)
+    return probe.gflops * 1e9, f"{probe.dtype} {PROBE_SIZE}x{PROBE_SIZE} matmul measured on {device.type}"
+
+
 class MatmulProbe:
     """The device's matrix-multiply rate, sampled in bursts: fp32 on CPU, bf16 on CUDA (what
     autocast runs the model's matmuls in there)."""
@@ -55,8 +94,10 @@ class MatmulProbe:
     def __init__(self, device: torch.device, size: int):
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         self.device = device
-        self.a = torch.randn(size, size, device=device, dtype=self.dtype)
-        self.b = torch.randn(size, size, device=device, dtype=self.dtype)
+        # Its own generator: probing during training must not move the training's random state.
+        generator = torch.Generator(device).manual_seed(0)
+        self.a = torch.randn(size, size, device=device, dtype=self.dtype, generator=generator)
+        self.b = torch.randn(size, size, device=device, dtype=self.dtype, generator=generator)
         self.flops_per_call = 2 * size ** 3
         self.flops = self.seconds = 0.0
         self.sample(0.0)                 # warm-up, not counted
