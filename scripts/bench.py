@@ -7,7 +7,7 @@
 Everything runs through the project's own code: tokenizers from `transformer_mt.tokenizer`,
 token ids in a memory-mapped `TokenStore`, `TokenBatchSampler` + `Collator` batches through the
 DataLoader of `make_loader`,
-the model from `build_model`, optimizer steps through `Trainer.train_step` (loss, backward, clip,
+the model from `build_model`, optimizer steps through `TrainStep` (loss, backward, clip,
 Adam, Noam) and decoding through `Translator` (greedy and beam search on the key/value cache).
 The model is untrained: speed does not depend on the weights, and an untrained model rarely
 emits [EOS], so every output runs to `--decode-len` tokens (the reference's 1.1 sentences/s was
@@ -49,15 +49,17 @@ configure_openmp()                  # before torch is imported
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.batching import Batch, make_loader
+from transformer_mt.batching import Batch, Collator, TokenBatchSampler, make_loader
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.data import clean_pairs
+from transformer_mt.data import clean_pairs, column, load_corpus
 from transformer_mt.device import pick_device
 from transformer_mt.distributed import (
     DistInfo,
+    broadcast_from_main,
     exit_process,
     init_distributed,
     joined,
+    max_across_ranks,
     shutdown,
     sum_across_ranks,
 )
@@ -65,11 +67,11 @@ from transformer_mt.distributed import active as dist_active
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.model.flops import MatmulProbe, training_flops
 from transformer_mt.model.masks import source_tensor, src_pad_mask
-from transformer_mt.run import RunData, RunDir
 from transformer_mt.search import greedy_search
 from transformer_mt.token_store import TokenStore, write_token_store
 from transformer_mt.tokenizer import TextCodec, normalize_text, train_tokenizer
-from transformer_mt.training import Trainer
+from transformer_mt.train_step import TrainStep
+from transformer_mt.training import trainable_pairs
 from transformer_mt.translator import Translator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,16 +89,15 @@ PRESETS = {
 # --------------------------------------------------------------------------- data
 
 def read_pairs(path: Path, max_lines: int | None, seed: int) -> tuple[list[str], list[str], str]:
-    """Cleaned pairs of the Tatoeba TSV file (as `tmt` reads it: split on the tab, no quoting),
-    or a synthetic corpus of Tatoeba-like lengths when the file is absent."""
+    """Cleaned pairs of the Tatoeba TSV file (read and cleaned as `tmt train` reads and cleans
+    it), or a synthetic corpus of Tatoeba-like lengths when the file is absent."""
     if path.is_file():
-        lines = path.read_text(encoding="utf-8").splitlines()
-        if max_lines is not None and max_lines < len(lines):
-            lines = random.Random(seed).sample(lines, max_lines)
-        fields = [line.split("\t") for line in lines]
-        fields = [f for f in fields if len(f) == 2]
-        src, tgt = clean_pairs([f[0] for f in fields], [f[1] for f in fields],
-                               DataConfig(max_len=40))
+        data_cfg = DataConfig(source="tsv", path=str(path), max_len=40)
+        corpus = load_corpus(data_cfg)
+        if max_lines is not None and max_lines < len(corpus):
+            rows = random.Random(seed).sample(range(len(corpus)), max_lines)
+            corpus = corpus.select(rows).flatten_indices()     # column() reads the Arrow table
+        src, tgt = clean_pairs(column(corpus, "src"), column(corpus, "tgt"), data_cfg)
         return src, tgt, str(path)
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(20000)]
@@ -162,24 +163,27 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
     src_codec, tgt_codec = corpus.src_codec, corpus.tgt_codec
     torch.manual_seed(args.seed)        # the same initial weights on every rank
     model = build_model(model_cfg, src_codec.vocab_size, tgt_codec.vocab_size).to(device)
-    data = RunData(splits=None, src_codec=src_codec, tgt_codec=tgt_codec, train=corpus.train,
-                   valid=corpus.train)
-    # The trainer writes nothing until its loop starts; train_step is all that is used here.
-    trainer = Trainer(cfg, RunDir(Path(tempfile.gettempdir()) / "tmt-bench"), data, model, device,
-                      dist_info)
-    sampler = trainer.sampler
-    padding = sampler.padding_efficiency(corpus.train)
+    train_step = TrainStep(cfg, model, device, tgt_codec.pad_id, dist_info)
+    # The pairs and batch plan of `tmt train`, each rank its share.
+    pairs, lengths = trainable_pairs(corpus.train, cfg.data.max_len)
+    sampler = TokenBatchSampler(lengths, train_cfg.batch_tokens, train_cfg.seed,
+                                rank=dist_info.rank, world_size=dist_info.world_size)
+    collator = Collator(src_codec, tgt_codec)
+    padding = sampler.padding_efficiency(pairs)
 
     def epochs() -> Iterator[Batch]:
         for epoch in itertools.count():
             sampler.set_epoch(epoch)
-            yield from make_loader(corpus.train, sampler, trainer.collator, args.num_workers)
+            yield from make_loader(pairs, sampler, collator, args.num_workers)
     batches = epochs()
+    updates = 0
 
     def step() -> tuple[float, float]:
         """One optimizer step; its target tokens and model FLOPs, summed over the ranks."""
+        nonlocal updates
         batch = next(batches)
-        _, _, tokens = trainer.train_step([batch])
+        tokens = train_step([batch], updates).tokens
+        updates += 1
         src_len = (batch.src != src_codec.pad_id).sum(dim=1)
         tgt_len = (batch.tgt_out != tgt_codec.pad_id).sum(dim=1)
         flops = training_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
@@ -190,8 +194,7 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
     tokens = flops = seconds = 0.0
     steps = 0
     # Every rank must take the same number of steps: rank 0's clock decides when to stop.
-    while not _stop_timing(steps >= args.min_train_steps and seconds >= args.train_seconds,
-                           device):
+    while not broadcast_from_main(steps >= args.min_train_steps and seconds >= args.train_seconds):
         started = time.perf_counter()
         step_tokens, step_flops = step()
         step_seconds = time.perf_counter() - started
@@ -201,14 +204,6 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
         probe.sample(args.gemm_share * step_seconds)
     return TrainResult(tokens / seconds, flops / tokens, flops / seconds / 1e9, steps, seconds,
                        padding, count_parameters(model))
-
-
-def _stop_timing(done_here: bool, device: torch.device) -> bool:
-    if not dist_active():
-        return done_here
-    flag = torch.tensor([float(done_here)], device=device)
-    torch.distributed.broadcast(flag, src=0)
-    return bool(flag.item())
 
 
 # --------------------------------------------------------------------------- decoding
@@ -375,11 +370,8 @@ def run(args: argparse.Namespace) -> dict:
     # Decoding is not data-parallel in tmt: under torchrun only training is measured.
     decode = {} if dist_info.enabled else bench_decoding(args, corpus, model_cfg, device)
     gemm_gflops = sum_across_ranks(probe.gflops, device)
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    if dist_info.enabled:
-        peak_rss = torch.tensor([peak_rss_mb], device=device)
-        torch.distributed.all_reduce(peak_rss, op=torch.distributed.ReduceOp.MAX)
-        peak_rss_mb = float(peak_rss.item())
+    peak_rss_mb = max_across_ranks(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                   device)
     return {
         "preset": args.preset,
         "device": device.type,

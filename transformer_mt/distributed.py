@@ -110,6 +110,15 @@ def sum_across_ranks(value: float, device: torch.device) -> float:
     return float(tensor.item())
 
 
+def max_across_ranks(value: float, device: torch.device) -> float:
+    """The largest of a number over all ranks (the value itself when training alone)."""
+    if not active():
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
 def any_rank(flag: bool, device: torch.device) -> bool:
     """True on every rank if it is True on any rank (e.g. one rank received SIGTERM)."""
     return sum_across_ranks(float(flag), device) > 0
