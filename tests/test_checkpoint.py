@@ -76,3 +76,32 @@ def test_rotate_keeps_the_newest_step_files(tmp_path):
     rotate(tmp_path, keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt", "step00000010.pt",
                                                           "step00000015.pt"]
+
+
+def test_a_packed_training_checkpoint_unpacks_to_the_same_fields(tmp_path):
+    from transformer_mt.checkpoint import Checkpoint, TrainState, read_checkpoint, save
+
+    train = TrainState(step=7, epoch=1, batch_in_epoch=3, best_bleu=2.5, best_step=5,
+                       validation_bleu={5: 2.5, 7: 1.0}, bad_steps=0, skipped_steps=2)
+    ranks = [rng_state(), rng_state()]
+    written = Checkpoint(model={"w": torch.arange(3.0)}, config={"name": "x"},
+                         tokenizers={"src": "s", "tgt": "t"}, vocab={"src": 4, "tgt": 5},
+                         step=7, epoch=1, train=train, optimizer={"state": {}, "param_groups": []},
+                         rng_ranks=ranks, rank_parameter_checksums=[1.0, 1.0])
+    save(written, tmp_path / "c.pt")
+    read = read_checkpoint(tmp_path / "c.pt")
+    assert read.train == train and read.train.updates == 5 and read.world_size == 2
+    assert (read.step, read.epoch, read.vocab, read.tokenizers) == (7, 1, written.vocab,
+                                                                    written.tokenizers)
+    assert torch.equal(read.rng_ranks[1]["torch"], ranks[1]["torch"])
+    assert read.averaged_from is None
+
+
+def test_a_non_finite_validation_score_is_never_the_best():
+    from transformer_mt.checkpoint import TrainState
+
+    state = TrainState(step=4)
+    assert not state.record_validation(float("nan")) and state.best_step == 0
+    assert state.record_validation(0.0) and state.best_step == 4
+    state.step = 8
+    assert not state.record_validation(0.0) and state.validation_bleu == {4: 0.0, 8: 0.0}

@@ -30,3 +30,24 @@ def test_matmul_probe_measures_a_positive_rate():
     assert probe.gflops != probe.gflops            # nothing sampled yet: nan
     probe.sample(0.01)
     assert probe.gflops > 0
+
+
+def test_peak_flops_comes_from_the_environment_or_a_probe_that_leaves_the_random_state(
+        monkeypatch):
+    import pytest
+
+    from transformer_mt.errors import TmtError
+    from transformer_mt.model.flops import peak_flops
+
+    monkeypatch.setenv("TMT_PEAK_FLOPS", "1.5e12")
+    assert peak_flops(torch.device("cpu")) == (1.5e12, "TMT_PEAK_FLOPS")
+    monkeypatch.setenv("TMT_PEAK_FLOPS", "fast")
+    with pytest.raises(TmtError, match="TMT_PEAK_FLOPS"):
+        peak_flops(torch.device("cpu"))
+    monkeypatch.delenv("TMT_PEAK_FLOPS")
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    flops, source = peak_flops(torch.device("cpu"))
+    assert flops > 0 and "measured" in source
+    assert torch.equal(torch.rand(4), expected)       # training's random stream is untouched

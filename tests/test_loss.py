@@ -4,7 +4,7 @@ import torch.nn.functional as F
 
 from transformer_mt import loss
 from transformer_mt.loss import projected_label_smoothed_loss
-from transformer_mt.training import label_smoothed_loss
+from transformer_mt.train_step import label_smoothed_loss
 
 
 def _inputs(bias=True):

@@ -3,8 +3,9 @@ before the first checkpoint, and the progress lines of train.log."""
 
 import math
 
-from transformer_mt import training
+from transformer_mt import train_step
 from transformer_mt.cli import main
+from transformer_mt.events import read_scalars
 
 
 def _train(tiny_config, run_dir, *extra: str) -> int:
@@ -34,12 +35,15 @@ def test_train_log_has_a_progress_line_every_log_every_steps(tmp_path, tiny_conf
              if " INFO step " in line]
     assert [line.split(" INFO step ")[1].split(":")[0] for line in lines] == ["2", "4", "6"]
     assert all("loss" in line and "lr" in line and "tokens/s" in line for line in lines)
+    # Model FLOPs utilisation goes to TensorBoard with each progress line.
+    mfu = read_scalars(run_dir / "tensorboard")["train/mfu"]
+    assert [s.step for s in mfu] == [2, 4, 6] and all(0 < s.value < math.inf for s in mfu)
 
 
 def test_faults_before_the_first_checkpoint_name_no_missing_file(tmp_path, tiny_config,
                                                                   monkeypatch, capsys):
-    real = training.label_smoothed_loss
-    monkeypatch.setattr(training, "label_smoothed_loss",
+    real = train_step.label_smoothed_loss
+    monkeypatch.setattr(train_step, "label_smoothed_loss",
                         lambda *args, **kwargs: real(*args, **kwargs) * math.nan)
     run_dir = tmp_path / "run"
     assert _train(tiny_config, run_dir, "--set", "train.max_bad_steps=2") == 1

@@ -52,7 +52,7 @@ class TrainState:
     def record_validation(self, bleu: float) -> bool:
         """Note the BLEU of a validation at the current step; True if it is a new best."""
         self.validation_bleu[self.step] = bleu
-        if bleu <= self.best_bleu:
+        if not bleu > self.best_bleu:        # (a NaN score is never the best)
             return False
         self.best_bleu, self.best_step = bleu, self.step
         return True
