@@ -23,8 +23,8 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from .batching import Batch, Collator, EncodedPairs, TokenBatchSampler, make_loader
-from .checkpoint import Checkpoint as SavedCheckpoint
 from .checkpoint import (
+    Checkpoint,
     TrainState,
     check_fits,
     check_writable,
@@ -162,7 +162,7 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_data(cfg: Config, run: RunDir, checkpoint: SavedCheckpoint | None,
+def _run_data(cfg: Config, run: RunDir, checkpoint: Checkpoint | None,
               info: DistInfo) -> RunData:
     """Rank 0 alone writes the split, the tokenizers and the encoded-ids cache; the other ranks
     wait, then read the very same files (no races, one split for all). A resume never
@@ -210,7 +210,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def load_state_dict(self, checkpoint: SavedCheckpoint) -> None:
+    def load_state_dict(self, checkpoint: Checkpoint) -> None:
         if checkpoint.world_size != self.dist.world_size:
             raise TmtError(f"cannot resume: the checkpoint was written by {checkpoint.world_size} "
                            f"process(es) and this run has {self.dist.world_size}; the batch plan "
