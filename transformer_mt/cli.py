@@ -7,7 +7,6 @@ import contextlib
 import itertools
 import json
 import logging
-import logging.handlers
 import os
 import sys
 from pathlib import Path
@@ -18,8 +17,6 @@ from .errors import TmtError
 from .logs import setup_logging
 from .openmp import configure_openmp
 from .paths import STDIO, refuse_overwriting_inputs
-
-log = logging.getLogger("transformer_mt")
 
 STDIN_CHUNK = 256     # lines translated together when streaming from stdin
 
