@@ -41,9 +41,10 @@ def test_peak_flops_comes_from_the_environment_or_a_probe_that_leaves_the_random
 
     monkeypatch.setenv("TMT_PEAK_FLOPS", "1.5e12")
     assert peak_flops(torch.device("cpu")) == (1.5e12, "TMT_PEAK_FLOPS")
-    monkeypatch.setenv("TMT_PEAK_FLOPS", "fast")
-    with pytest.raises(TmtError, match="TMT_PEAK_FLOPS"):
-        peak_flops(torch.device("cpu"))
+    for bad in ("fast", "0"):
+        monkeypatch.setenv("TMT_PEAK_FLOPS", bad)
+        with pytest.raises(TmtError, match="TMT_PEAK_FLOPS"):
+            peak_flops(torch.device("cpu"))
     monkeypatch.delenv("TMT_PEAK_FLOPS")
     torch.manual_seed(3)
     expected = torch.rand(4)

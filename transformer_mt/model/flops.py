@@ -56,13 +56,13 @@ def _sync(device: torch.device) -> None:
 GPU_PEAK_FLOPS = (
     ("H200", 989e12),
     ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
     ("H100", 989e12),          # SXM
     ("A100", 312e12),
     ("L40S", 362e12),
     ("L4", 121e12),
 )
 PROBE_SECONDS = 0.2
-PROBE_SIZE = 1024
 
 
 def peak_flops(device: torch.device) -> tuple[float, str]:
@@ -73,18 +73,22 @@ def peak_flops(device: torch.device) -> tuple[float, str]:
     override = os.environ.get("TMT_PEAK_FLOPS")
     if override:
         try:
-            return float(override), "TMT_PEAK_FLOPS"
+            value = float(override)
         except ValueError:
-            raise TmtError(f"TMT_PEAK_FLOPS={override!r} is not a number of FLOP/s (e.g. 989e12)"
-                           ) from None
+            value = 0.0
+        if not value > 0:
+            raise TmtError(f"TMT_PEAK_FLOPS={override!r} is not a positive number of FLOP/s "
+                           f"(e.g. 989e12)")
+        return value, "TMT_PEAK_FLOPS"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for part, flops in GPU_PEAK_FLOPS:
             if part in name:
                 return flops, f"{name}, bf16 data sheet"
-    probe = MatmulProbe(device, PROBE_SIZE)
+    size = 4096 if device.type == "cuda" else 1024     # large enough to reach the device's rate
+    probe = MatmulProbe(device, size)
     probe.sample(PROBE_SECONDS)
-    return probe.gflops * 1e9, f"{probe.dtype} {PROBE_SIZE}x{PROBE_SIZE} matmul measured on {device.type}"
+    return probe.gflops * 1e9, f"{probe.dtype} {size}x{size} matmul measured on {device.type}"
 
 
 class MatmulProbe:
