@@ -33,7 +33,7 @@ from .device import autocast
 from .distributed import DistInfo, any_rank, broadcast_from_main, gather_to_main, sum_across_ranks
 from .errors import TmtError
 from .evaluate import corpus_scores
-from .loss import projected_label_smoothed_loss
+from .loss import BatchLoss
 from .model import Transformer
 from .run import RunData, RunDir
 from .stopping import StopRequest
@@ -49,16 +49,6 @@ def noam_factor(step: int, warmup: int) -> float:
     scaled so that train.lr is the peak learning rate."""
     step = max(step, 1)
     return min(step / warmup, math.sqrt(warmup / step))
-
-
-def label_smoothed_loss(hidden: torch.Tensor, labels: torch.Tensor, projection: torch.nn.Linear,
-                        pad_id: int, smoothing: float) -> torch.Tensor:
-    """Summed cross-entropy over real target tokens of the decoder states `hidden` (B, T, d).
-    Only real positions are projected to the vocabulary, so padding costs nothing; projection
-    and loss are fused (transformer_mt.loss) so the logits are never held whole."""
-    real = labels != pad_id
-    return projected_label_smoothed_loss(hidden[real], projection.weight, projection.bias,
-                                         labels[real], smoothing)
 
 
 def trainable_pairs(pairs: EncodedPairs, max_len: int) -> tuple[Dataset, np.ndarray]:
@@ -88,12 +78,12 @@ class Trainer:
         self.dist = dist_info
         t = cfg.train
         model.set_recompute(t.recompute)
-        # Training runs through the DDP wrapper (gradient all-reduce); everything else, from
-        # validation to checkpoints, uses the plain module.
-        self.train_model: torch.nn.Module = model
+        # Training steps run model.loss through the DDP wrapper (gradient all-reduce);
+        # everything else, from validation to checkpoints, uses the plain module.
+        self.train_model: torch.nn.Module = BatchLoss(model)
         if dist_info.enabled:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
+                self.train_model, device_ids=[device.index] if device.type == "cuda" else None)
         # fused: one kernel per step instead of ~10 passes over every parameter; on a CPU the
         # unfused Adam step took as long as the forward and backward passes together.
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
@@ -202,12 +192,7 @@ class Trainer:
 
     def _forward_loss(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
         with autocast(self.device):
-            # Through forward() (not decoder_states) so that DDP sees the call; the projection
-            # happens inside the fused loss, on real target positions only.
-            hidden = (model or self.model)(batch.src, batch.tgt_in, batch.src_mask,
-                                           batch.tgt_mask, project_to_vocab=False)
-            return label_smoothed_loss(hidden, batch.tgt_out, self.model.projection, self.pad_id,
-                                       self.cfg.train.label_smoothing)
+            return (model or self.model.loss)(batch, self.pad_id, self.cfg.train.label_smoothing)
 
     def train_step(self, batches: list[Batch]) -> tuple[float, float, int]:
         """One optimizer step over `batches` (gradient accumulation); the loss is averaged over
