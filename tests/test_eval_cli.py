@@ -148,7 +148,7 @@ def test_nbest_lists_each_distinct_text_once(bpe_run, monkeypatch):
     # Two token sequences that detokenize to the same text, and one other text.
     monkeypatch.setattr(translator, "search", lambda *args, **kwargs: [[
         Hypothesis(word, -1.0), Hypothesis(word + [pad], -2.0), Hypothesis([], -3.0)]])
-    assert translator.translate_nbest(["x"], beam_size=1, nbest=5) == [
+    assert translator.translate_nbest(["x"], nbest=5) == [
         [("amico", -1.0), ("", -3.0)]]
 
 

@@ -239,8 +239,7 @@ class Trainer:
             tokens += batch.n_tokens
         valid = self.data.splits.valid.select(range(min(self.cfg.decode.valid_sentences,
                                                         len(self.data.splits.valid))))
-        hypotheses = self.translator.translate(valid["src"], self.cfg.decode.beam_size,
-                                               self.cfg.decode.length_penalty)
+        hypotheses = self.translator.translate(valid["src"])
         scores = corpus_scores(hypotheses, valid["tgt"])
         loss = loss_sum / max(tokens, 1)
         samples = [(s, r, h) for s, r, h in zip(valid["src"], valid["tgt"], hypotheses)]
@@ -276,7 +275,7 @@ class Trainer:
                                for s, r, h in metrics["samples"])
             self.writer.add_text("valid/samples", text, self.step)
             for i, (source, _, _) in enumerate(metrics["samples"]):
-                alignment = cross_attention(self.translator, source, self.cfg.decode.beam_size)
+                alignment = cross_attention(self.translator, source)
                 self.writer.add_figure(f"valid/attention/{i}", attention_figure(alignment),
                                        self.step)
 
