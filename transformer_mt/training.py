@@ -78,8 +78,8 @@ class Trainer:
         self.dist = dist_info
         t = cfg.train
         model.set_recompute(t.recompute)
-        # Training steps run model.loss through the DDP wrapper (gradient all-reduce);
-        # everything else, from validation to checkpoints, uses the plain module.
+        # Training runs through the DDP wrapper (gradient all-reduce); everything else, from
+        # validation to checkpoints, uses the plain module.
         self.train_model: torch.nn.Module = BatchLoss(model)
         if dist_info.enabled:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
