@@ -163,6 +163,27 @@ def test_batch_token_budget_changes_batches_not_translations(bpe_run):
     assert small.translate(SENTENCES) == default.translate(SENTENCES)
 
 
+def test_the_translator_searches_with_its_decode_settings(bpe_run, monkeypatch):
+    from transformer_mt import translator as translator_module
+
+    searches = []
+    real = translator_module.beam_search
+
+    def recording(model, src, mask, limits, beam_size, alpha, nbest):
+        searches.append((beam_size, alpha, limits.max_len_a, limits.max_len_b))
+        return real(model, src, mask, limits, beam_size, alpha, nbest)
+    monkeypatch.setattr(translator_module, "beam_search", recording)
+    path = bpe_run / "checkpoints" / "last.pt"
+    translator = Translator.from_checkpoint(path, "cpu", beam_size=3, length_penalty=1.5,
+                                            max_len_b=4)
+    translator.translate(SENTENCES[:1])
+    translator.translate_nbest(SENTENCES[:1], 5)
+    translator.with_decoding(length_penalty=0.0).translate(SENTENCES[:1])
+    translator.with_decoding(beam_size=1).translate(SENTENCES[:1])      # greedy: no beam
+    a = translator.decode_cfg.max_len_a
+    assert searches == [(3, 1.5, a, 4), (5, 1.5, a, 4), (3, 0.0, a, 4)]
+
+
 def test_attention_plot_and_tensorboard_images(bpe_run, tmp_path, tmt):
     picture = tmp_path / "attention.png"
     code, out, _ = tmt("translate", "--run", str(bpe_run), "--attention", str(picture),
