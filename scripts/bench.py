@@ -251,7 +251,8 @@ def bench_decoding(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
         outputs, seconds = _timed(translator.translate_ids, [sources[i] for i in rows])
         greedy.update(zip(rows, outputs))
         greedy_s += seconds
-        beam_s += _timed(translator.translate_ids, [sources[i] for i in rows], beam_size=4)[1]
+        beam_s += _timed(translator.with_decoding(beam_size=4).translate_ids,
+                         [sources[i] for i in rows])[1]
         part_rows = [i for i in reference_rows if i % rounds == part]
         outputs, seconds = _timed(uncached_reference, translator.model, translator,
                                   [sources[i] for i in part_rows])

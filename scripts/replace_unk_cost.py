@@ -40,15 +40,16 @@ def main() -> int:
                                     tie_embeddings=True), src.vocab_size, tgt.vocab_size)
     with torch.no_grad():
         model.projection.bias[tgt.unk_id] = 2.0
-    decode = DecodeConfig(max_len_a=1.0, max_len_b=5)
-    translators = {replace: Translator(model, src, tgt, decode, torch.device("cpu"), replace)
+    base = Translator(model, src, tgt, DecodeConfig(max_len_a=1.0, max_len_b=5),
+                      torch.device("cpu"))
+    translators = {replace: base.with_decoding(replace_unk=replace)
                    for replace in (False, True)}
     for beam in (1, 4):
         seconds = {False: 0.0, True: 0.0}
         for _ in range(2):
             for replace, translator in translators.items():
                 started = time.process_time()
-                _, counts = translator.translate_counting(test, beam_size=beam)
+                _, counts = translator.with_decoding(beam_size=beam).translate_counting(test)
                 seconds[replace] += time.process_time() - started
         print(f"beam {beam}: outputs with [UNK] {counts.outputs_with_unknown / counts.outputs:.3f}"
               f"; CPU time with / without replacement {seconds[True] / seconds[False]:.3f}")

@@ -148,7 +148,7 @@ def test_nbest_lists_each_distinct_text_once(bpe_run, monkeypatch):
     # Two token sequences that detokenize to the same text, and one other text.
     monkeypatch.setattr(translator, "search", lambda *args, **kwargs: [[
         Hypothesis(word, -1.0), Hypothesis(word + [pad], -2.0), Hypothesis([], -3.0)]])
-    assert translator.translate_nbest(["x"], beam_size=1, nbest=5) == [
+    assert translator.translate_nbest(["x"], nbest=5) == [
         [("amico", -1.0), ("", -3.0)]]
 
 
@@ -161,6 +161,27 @@ def test_batch_token_budget_changes_batches_not_translations(bpe_run):
         longest = max(len(encoded[i]) for i in batch) + 2
         assert len(batch) == 1 or len(batch) * longest <= 12
     assert small.translate(SENTENCES) == default.translate(SENTENCES)
+
+
+def test_the_translator_searches_with_its_decode_settings(bpe_run, monkeypatch):
+    from transformer_mt import translator as translator_module
+
+    searches = []
+    real = translator_module.beam_search
+
+    def recording(model, src, mask, limits, beam_size, alpha, nbest):
+        searches.append((beam_size, alpha, limits.max_len_a, limits.max_len_b))
+        return real(model, src, mask, limits, beam_size, alpha, nbest)
+    monkeypatch.setattr(translator_module, "beam_search", recording)
+    path = bpe_run / "checkpoints" / "last.pt"
+    translator = Translator.from_checkpoint(path, "cpu", beam_size=3, length_penalty=1.5,
+                                            max_len_b=4)
+    translator.translate(SENTENCES[:1])
+    translator.translate_nbest(SENTENCES[:1], 5)
+    translator.with_decoding(length_penalty=0.0).translate(SENTENCES[:1])
+    translator.with_decoding(beam_size=1).translate(SENTENCES[:1])      # greedy: no beam
+    a = translator.decode_cfg.max_len_a
+    assert searches == [(3, 1.5, a, 4), (5, 1.5, a, 4), (3, 0.0, a, 4)]
 
 
 def test_attention_plot_and_tensorboard_images(bpe_run, tmp_path, tmt):

@@ -30,7 +30,7 @@ class FixedTranslator:
         self.calls: list[list[str]] = []
         self.replace_unk = False
 
-    def translate_counting(self, sentences, beam_size=1, alpha=0.6):
+    def translate_counting(self, sentences):
         self.calls.append(list(sentences))
         return [self.outputs[s] for s in sentences], UnknownCounts()
 
@@ -38,7 +38,7 @@ class FixedTranslator:
 def test_report_scores_agree_with_sacrebleu(tmp_path):
     sources = [f"source {i}" for i in range(len(REFERENCES))]
     translator = FixedTranslator(dict(zip(sources, HYPOTHESES)))
-    hypotheses, report = evaluate(translator, EvalSet("fixture", sources, REFERENCES), 1,
+    hypotheses, report = evaluate(translator, EvalSet("fixture", sources, REFERENCES),
                                   Path("ck.pt"))
     assert hypotheses == HYPOTHESES
     expected_bleu = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES])
@@ -57,14 +57,14 @@ def test_report_scores_agree_with_sacrebleu(tmp_path):
 
 def test_perfect_hypotheses_score_100():
     translator = FixedTranslator({r: r for r in REFERENCES})
-    _, report = evaluate(translator, EvalSet("t", REFERENCES, REFERENCES), 1, Path("ck.pt"))
+    _, report = evaluate(translator, EvalSet("t", REFERENCES, REFERENCES), Path("ck.pt"))
     assert report["bleu"] == 100.0 and report["chrf"] == 100.0
 
 
 def test_a_source_with_several_references_is_translated_once():
     translator = FixedTranslator({"Hi.": "Ciao."})
     hypotheses, report = evaluate(translator, EvalSet("t", ["Hi.", "Hi."], ["Ciao.", "Salve."]),
-                                  1, Path("ck.pt"))
+                                  Path("ck.pt"))
     assert translator.calls == [["Hi."]] and hypotheses == ["Ciao.", "Ciao."]
     assert report["sentences"] == 2 and report["translated"] == 1
 

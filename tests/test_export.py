@@ -80,8 +80,8 @@ def test_ctranslate2_beam_and_nbest_rank_and_score_as_pytorch(varied_model, expo
                          batch_size=1).translator
     ct2 = load_model(None, None, "runs", str(exports["float32"]), "cpu", batch_size=1
                      ).translator
-    expected = pytorch.translate_nbest(sources, 4, 3, 1.0)
-    found = ct2.translate_nbest(sources, 4, 3, 1.0)
+    expected = pytorch.with_decoding(beam_size=4, length_penalty=1.0).translate_nbest(sources, 3)
+    found = ct2.with_decoding(beam_size=4, length_penalty=1.0).translate_nbest(sources, 3)
     assert _same_share([[t for t, _ in h] for h in found],
                        [[t for t, _ in h] for h in expected]) >= 0.95
     same = [(f, e) for f, e in zip(found, expected) if [t for t, _ in f] == [t for t, _ in e]]
@@ -112,7 +112,8 @@ def test_safetensors_export_is_pickle_free_and_decodes_as_the_checkpoint(
     assert manifest["run"] == "run" and "steps" in (folder / "README.md").read_text()
     checkpoint = load_model(str(varied_model), None, "runs", None, "cpu").translator
     exported = load_model(None, None, "runs", str(folder), "cpu").translator
-    assert exported.translate(sources, 3, 0.6) == checkpoint.translate(sources, 3, 0.6)
+    assert (exported.with_decoding(beam_size=3).translate(sources)
+            == checkpoint.with_decoding(beam_size=3).translate(sources))
 
 
 def test_int8_is_smaller_and_still_translates(exports, sources):

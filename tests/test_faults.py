@@ -4,20 +4,20 @@ import math
 
 import torch
 
-from transformer_mt import train_step
 from transformer_mt.checkpoint import load_checkpoint, rotate
 from transformer_mt.cli import main
+from transformer_mt.model import Transformer
 
 
 def _nan_on_calls(monkeypatch, bad_calls):
-    real = train_step.label_smoothed_loss
+    real = Transformer.loss
     calls = {"n": 0}
 
     def maybe_nan(*args, **kwargs):
         calls["n"] += 1
         loss = real(*args, **kwargs)
         return loss * math.nan if calls["n"] in bad_calls else loss
-    monkeypatch.setattr(train_step, "label_smoothed_loss", maybe_nan)
+    monkeypatch.setattr(Transformer, "loss", maybe_nan)
 
 
 def test_a_non_finite_step_is_skipped_and_counted(tmp_path, tiny_config, monkeypatch):

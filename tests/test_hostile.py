@@ -151,6 +151,16 @@ def copy_checkpoints(env: Env) -> None:
         shutil.copy(env.run / "checkpoints" / "last.pt", env.tmp / name)
 
 
+def edited_checkpoint(env: Env) -> None:
+    """t.pt: the run's last.pt with its config's model.d_ff changed by hand, so that its weights
+    no longer fit the model its own config describes."""
+    import torch
+
+    state = torch.load(env.run / "checkpoints" / "last.pt", weights_only=True)
+    state["config"]["model"]["d_ff"] += 8
+    torch.save(state, env.tmp / "t.pt")
+
+
 def split_file(run: Path, split: str, pattern: str) -> Path:
     return next((run / "data" / split).glob(pattern))
 
@@ -258,6 +268,9 @@ ROWS = [
     row("translate-unicode-names", file("frasi è 東京.txt", GOOD_LINES),
         TRANSLATE + ("--input", "frasi è 東京.txt", "--output", "./frasi è 東京.txt"),
         USER_ERROR, SAME),
+    row("translate-checkpoint-config-edited", edited_checkpoint,
+        ("translate", "--checkpoint", "t.pt", "Hello."), USER_ERROR,
+        "weights do not match its own config"),
     row("translate-output-is-checkpoint", nothing,
         TRANSLATE + ("Hello.", "--output", "{run}/checkpoints/best.pt"), USER_ERROR,
         f"{SAME} the checkpoint"),

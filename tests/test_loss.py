@@ -3,8 +3,11 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt import loss
-from transformer_mt.loss import projected_label_smoothed_loss
-from transformer_mt.train_step import label_smoothed_loss
+from transformer_mt.batching import Batch
+from transformer_mt.config import ModelConfig
+from transformer_mt.loss import BatchLoss, label_smoothed_loss, projected_label_smoothed_loss
+from transformer_mt.model import build_model
+from transformer_mt.model.masks import pad_sequences, src_pad_mask, tgt_mask
 
 
 def _inputs(bias=True):
@@ -52,3 +55,34 @@ def test_padding_positions_do_not_count():
     expected = F.cross_entropy(projection(hidden[real]), labels[real], label_smoothing=0.1,
                                reduction="sum")
     assert torch.allclose(before, after) and torch.allclose(after, expected, rtol=1e-5)
+
+
+def _model_and_batch(pad=1, sos=2, eos=3):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(d_model=16, layers=1, heads=2, d_ff=32, dropout=0.0), 30, 40)
+    src = pad_sequences([[5, 6, 7], [8, 9]], pad, first=sos, last=eos)
+    targets = [[10, 11, 12, 13], [14]]
+    tgt_in = pad_sequences(targets, pad, first=sos)
+    tgt_out = pad_sequences(targets, pad, last=eos)
+    return model, Batch(src, tgt_in, tgt_out, src_pad_mask(src, pad), tgt_mask(tgt_in, pad),
+                        n_tokens=int((tgt_out != pad).sum()))
+
+
+def test_model_loss_is_the_smoothed_cross_entropy_of_its_logits_on_real_target_tokens():
+    model, batch = _model_and_batch()
+    real = batch.tgt_out != 1
+    logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    expected = F.cross_entropy(logits[real], batch.tgt_out[real], label_smoothing=0.1,
+                               reduction="sum")
+    expected_grads = torch.autograd.grad(expected, list(model.parameters()))
+    got = model.loss(batch, pad_id=1, smoothing=0.1)
+    grads = torch.autograd.grad(got, list(model.parameters()))
+    assert real.sum() == batch.n_tokens < real.numel()          # the batch has padding
+    assert torch.allclose(got, expected, rtol=1e-5)
+    for got_grad, want in zip(grads, expected_grads):
+        assert torch.allclose(got_grad, want, atol=1e-5)
+
+
+def test_the_training_module_computes_the_model_loss():
+    model, batch = _model_and_batch()
+    assert torch.equal(BatchLoss(model)(batch, 1, 0.1), model.loss(batch, 1, 0.1))

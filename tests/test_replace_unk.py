@@ -31,8 +31,8 @@ def _translator(replace_unk=None, seed=0, unk_bias=6.0) -> Translator:
                         src.vocab_size, tgt.vocab_size)
     with torch.no_grad():
         model.projection.bias[tgt.unk_id] += unk_bias
-    return Translator(model, src, tgt, DecodeConfig(max_len_a=1.0, max_len_b=2),
-                      torch.device("cpu"), replace_unk)
+    return Translator(model, src, tgt, DecodeConfig(max_len_a=1.0, max_len_b=2,
+                                                    replace_unk=replace_unk), torch.device("cpu"))
 
 
 def _words(codec: TextCodec, text: str):
@@ -46,13 +46,13 @@ def test_word_level_outputs_show_no_unk_when_on_and_do_when_off():
     assert all(UNK in line for line in raw)                # the model does emit [UNK]s
     vocabulary = set(on.tgt_codec.tokenizer.get_vocab())
     for beam in (1, 3):
-        for sentence, line in zip(SENTENCES, on.translate(SENTENCES, beam_size=beam)):
+        for sentence, line in zip(SENTENCES, on.with_decoding(beam_size=beam).translate(SENTENCES)):
             assert UNK not in line
             # Every piece the vocabulary lacks is a word of that very source sentence.
             source_words = {p.lstrip("▁") for p in on.src_codec.encode_with_pieces(sentence)[1]}
             output_words = {p for p, _ in _words(on.tgt_codec, line)} - vocabulary
             assert output_words and {w.lstrip("▁") for w in output_words} <= source_words
-    nbest = on.translate_nbest(SENTENCES, beam_size=3, nbest=3)
+    nbest = on.translate_nbest(SENTENCES, nbest=3)
     assert all(UNK not in text for hyps in nbest for text, _ in hyps)
 
 

@@ -57,8 +57,7 @@ def test_answers_equal_the_offline_translator(server, translator):
     assert batch["translations"] == translator.translate(SENTENCES)
     assert len(set(batch["translations"])) > 1, "the model cannot tell sentences apart"
     beam = server.translate(text=SENTENCES, beam=3)
-    assert beam["translations"] == translator.translate(SENTENCES, 3,
-                                                        translator.decode_cfg.length_penalty)
+    assert beam["translations"] == translator.with_decoding(beam_size=3).translate(SENTENCES)
 
 
 def test_decoding_options_are_applied(server, translator):
@@ -162,7 +161,7 @@ class _FailingTranslator:
     device = "cpu"
     model = None
 
-    def translate(self, sentences, beam, alpha):
+    def translate(self, sentences):
         if "boom" in sentences:
             raise RuntimeError("out of memory")
         return [s.upper() for s in sentences]

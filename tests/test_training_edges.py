@@ -3,9 +3,9 @@ before the first checkpoint, and the progress lines of train.log."""
 
 import math
 
-from transformer_mt import train_step
 from transformer_mt.cli import main
 from transformer_mt.events import read_scalars
+from transformer_mt.model import Transformer
 
 
 def _train(tiny_config, run_dir, *extra: str) -> int:
@@ -42,8 +42,8 @@ def test_train_log_has_a_progress_line_every_log_every_steps(tmp_path, tiny_conf
 
 def test_faults_before_the_first_checkpoint_name_no_missing_file(tmp_path, tiny_config,
                                                                   monkeypatch, capsys):
-    real = train_step.label_smoothed_loss
-    monkeypatch.setattr(train_step, "label_smoothed_loss",
+    real = Transformer.loss
+    monkeypatch.setattr(Transformer, "loss",
                         lambda *args, **kwargs: real(*args, **kwargs) * math.nan)
     run_dir = tmp_path / "run"
     assert _train(tiny_config, run_dir, "--set", "train.max_bad_steps=2") == 1

@@ -29,14 +29,14 @@ class Alignment:
 
 
 @torch.no_grad()
-def cross_attention(translator: Translator, sentence: str, beam_size: int = 1) -> Alignment:
-    """Translate `sentence` and return the last decoder layer's cross-attention over it."""
+def cross_attention(translator: Translator, sentence: str) -> Alignment:
+    """Translate `sentence` (with the translator's decoding settings) and return the last decoder
+    layer's cross-attention over it."""
     model = translator.model
     src_ids = translator.encode_source(sentence)
     if not src_ids:
         raise TmtError("cannot draw the attention of an empty sentence")
-    out_ids = translator.translate_ids([sentence], beam_size,
-                                       translator.decode_cfg.length_penalty)[0][0]
+    out_ids = translator.translate_ids([sentence])[0][0]
     codec = translator.tgt_codec
     src = source_tensor([src_ids], translator.src_codec).to(translator.device)
     tgt_in = torch.tensor([[codec.sos_id, *out_ids]], device=translator.device)

@@ -241,13 +241,16 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-def check_fits(checkpoint: Checkpoint, model: torch.nn.Module, path: Path) -> None:
+RESUME_ADVICE = ("it was trained with another vocabulary or model settings, in another run; "
+                 "resume it in its own run directory")
+
+
+def check_fits(checkpoint: Checkpoint, model: torch.nn.Module, path: Path,
+               advice: str = RESUME_ADVICE) -> None:
     """Refuse a checkpoint whose parameters do not fit `model` (names and shapes), before
     load_state_dict, whose error would be a traceback of every mismatch."""
     expected = model.state_dict()
     saved = checkpoint.model if isinstance(checkpoint.model, dict) else {}
-    advice = ("it was trained with another vocabulary or model settings, in another run; "
-              "resume it in its own run directory")
     for name in sorted(set(expected) | set(saved)):
         if name not in saved or name not in expected:
             what = (f"it lacks parameter {name}" if name not in saved else

@@ -70,8 +70,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- translate
 
 def _load_model(args: argparse.Namespace):
-    """The model `--run/--checkpoint` or `--model` name, with the decoding knobs applied, and
-    the beam size to use; says on stderr which model it is."""
+    """The model `--run/--checkpoint` or `--model` name, with the decoding options of the command
+    line applied over the run's decode settings; says on stderr which model it is."""
     if (args.beam is not None and args.beam < 1) or (args.batch_tokens is not None
                                                      and args.batch_tokens < 1):
         raise TmtError("--beam and --batch-tokens must be at least 1")
@@ -80,26 +80,26 @@ def _load_model(args: argparse.Namespace):
         raise TmtError("--sample-topk samples one translation per sentence: it cannot be "
                        "combined with --beam K > 1 or --nbest N > 1")
     changes = _decode_changes(args)        # checked before torch is imported: a quick error
+    if sampling:
+        changes["beam_size"] = 1
     from .loading import load_model
 
     loaded = load_model(args.checkpoint, args.run, args.runs_dir, args.model, args.device,
-                        args.replace_unk, **changes)
+                        **changes)
     if args.seed is not None:
         loaded.translator = loaded.translator.with_decoding(seed=args.seed)
-    beam = args.beam if args.beam is not None else loaded.translator.decode_cfg.beam_size
-    if sampling:
-        beam = 1
     print(f"tmt: using {loaded.describe()}", file=sys.stderr)
-    return loaded, beam
+    return loaded
 
 
 def _decode_changes(args: argparse.Namespace) -> dict:
     """The decode settings given on the command line, checked as the config file's are."""
     from .config import config_from_dict
 
-    options = {"batch_tokens": args.batch_tokens, "length_penalty": args.length_penalty,
-               "max_len_a": args.max_len_a, "max_len_b": args.max_len_b,
-               "sample_topk": args.sample_topk, "temperature": args.temperature}
+    options = {"beam_size": args.beam, "batch_tokens": args.batch_tokens,
+               "length_penalty": args.length_penalty, "max_len_a": args.max_len_a,
+               "max_len_b": args.max_len_b, "sample_topk": args.sample_topk,
+               "temperature": args.temperature, "replace_unk": args.replace_unk}
     changes = {name: value for name, value in options.items() if value is not None}
     checked = config_from_dict({"decode": changes}, "the command line").decode
     return {name: getattr(checked, name) for name in changes}
@@ -173,11 +173,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
     refuse_overwriting_inputs(args.output, [("--input", args.input)])
     refuse_overwriting_inputs(args.attention, [("--input", args.input), ("--output", args.output)],
                               "--attention")
-    loaded, beam = _load_model(args)
+    loaded = _load_model(args)
     for output, option in ((args.output, "--output"), (args.attention, "--attention")):
         refuse_overwriting_inputs(output, [("the checkpoint", loaded.weights)], option)
     translator = loaded.translator
-    alpha = translator.decode_cfg.length_penalty
     interactive = not args.sentences and not args.input and sys.stdin.isatty()
     lines = _prompted_lines() if interactive else _input_lines(args.sentences, args.input)
     with _open_output(args.output) as out:
@@ -185,18 +184,18 @@ def cmd_translate(args: argparse.Namespace) -> int:
         for chunk in _chunks(lines, 1 if interactive else STDIN_CHUNK):
             if args.nbest > 1:
                 # Moses n-best format: input line number (from 0) ||| translation ||| score.
-                for hyps in translator.translate_nbest(chunk, beam, args.nbest, alpha):
+                for hyps in translator.translate_nbest(chunk, args.nbest):
                     for text, score in hyps:
                         print(f"{index} ||| {text} ||| {score:.4f}", file=out)
                     index += 1
             else:
-                for line in translator.translate(chunk, beam, alpha):
+                for line in translator.translate(chunk):
                     print(line, file=out)
             out.flush()
     if args.attention:
         from .attention_plot import cross_attention, save_attention_plot
 
-        alignment = cross_attention(translator, args.sentences[0], beam)
+        alignment = cross_attention(translator, args.sentences[0])
         save_attention_plot(alignment, Path(args.attention))
     return 0
 
@@ -215,7 +214,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                        "--src/--ref")
     if args.src:
         test = file_test_set(Path(args.src), Path(args.ref))
-    loaded, beam = _load_model(args)
+    loaded = _load_model(args)
+    beam = loaded.translator.decode_cfg.beam_size
     run = loaded.run
     if not args.src:
         if run is None:
@@ -229,9 +229,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", loaded.weights)]
     refuse_overwriting_inputs(hyp_path, inputs)
     refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
-    hypotheses, report = evaluate(loaded.translator, test, beam, loaded.weights)
+    hypotheses, report = evaluate(loaded.translator, test, loaded.weights)
     if args.unseen:
-        report["unseen"] = _evaluate_unseen(run, loaded.translator, beam, loaded.weights)
+        report["unseen"] = _evaluate_unseen(run, loaded.translator, loaded.weights)
     json_path = write_outputs(hypotheses, report, hyp_path)
     if args.json:
         print(json.dumps(report))
@@ -248,7 +248,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_unseen(run, translator, beam: int, checkpoint: Path) -> dict:
+def _evaluate_unseen(run, translator, checkpoint: Path) -> dict:
     """Scores on the run's unseen-words sets (`transformer_mt/unseen.py`), keyed by set name."""
     from .evaluate import default_output, evaluate, write_outputs
     from .unseen import unseen_sets
@@ -258,8 +258,9 @@ def _evaluate_unseen(run, translator, beam: int, checkpoint: Path) -> dict:
         if not unseen.sources:
             results[unseen.name] = {"bleu": 0.0, "chrf": 0.0, "sentences": 0, "translated": 0}
             continue
-        hypotheses, report = evaluate(translator, unseen, beam, checkpoint)
-        write_outputs(hypotheses, report, default_output(checkpoint, unseen, beam))
+        hypotheses, report = evaluate(translator, unseen, checkpoint)
+        write_outputs(hypotheses, report,
+                      default_output(checkpoint, unseen, translator.decode_cfg.beam_size))
         results[unseen.name] = {key: report[key] for key in (
             "bleu", "chrf", "sentences", "translated", "unknown_source_tokens",
             "outputs_with_unk", "hypotheses")}
@@ -315,7 +316,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise TmtError(f"--port must be between 0 and 65535, got {args.port}")
     limits = ServeLimits(args.max_sentences, args.max_chars, args.batch_wait_ms,
                          args.max_batch_sentences)
-    loaded, _ = _load_model(args)
+    loaded = _load_model(args)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"tmt: warning: --host {args.host} lets other machines reach this server; tmt "
               f"serve has no authentication", file=sys.stderr)

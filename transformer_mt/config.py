@@ -159,6 +159,9 @@ class DecodeConfig:
                              "search (e.g. for back-translation; beam 1 only); 0: off", low=0)
     temperature: float = _spec(1.0, "sampling temperature: softmax(logits / t); lower: nearer "
                                "greedy", low=0.0, low_open=True)
+    replace_unk: Optional[bool] = _spec(None, "write each [UNK] of an output as the source word it "
+                                        "attends to most (null: on for word-level target "
+                                        "vocabularies, off for subword ones)")
 
 
 @dataclass(frozen=True)

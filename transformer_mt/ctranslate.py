@@ -20,7 +20,7 @@ from .config import Config, DecodeConfig
 from .errors import TmtError
 from .model.embeddings import sinusoidal_table
 from .model.masks import source_tensor, src_pad_mask
-from .search import Hypothesis, SearchLimits, length_penalty
+from .search import Hypothesis, length_penalty
 from .tokenizer import EOS, SOS, UNK, TextCodec
 from .translator import Translator
 
@@ -117,10 +117,12 @@ class CT2Translator(Translator):
     """A Translator whose search runs in `ctranslate2.Translator` (greedy, beam, n-best,
     top-k sampling) instead of tmt's PyTorch search; everything around it is inherited."""
 
+    replace_unk = False          # there is no attention to read [UNK]'s source word from
+
     def __init__(self, model_dir: Path, src_codec: TextCodec, tgt_codec: TextCodec,
-                 decode_cfg: DecodeConfig, device: str = "auto", replace_unk: bool | None = None):
+                 decode_cfg: DecodeConfig, device: str = "auto"):
         ct2 = _ctranslate2()
-        if replace_unk:
+        if decode_cfg.replace_unk:
             raise TmtError("--replace-unk needs the PyTorch model's attention: use the run's "
                            "checkpoint or a safetensors export, not a ctranslate2 one")
         if device == "auto":
@@ -134,26 +136,23 @@ class CT2Translator(Translator):
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
         self.decode_cfg = decode_cfg
         self.device = torch.device(device)
-        self.limits = SearchLimits(tgt_codec.sos_id, tgt_codec.eos_id, decode_cfg.max_len_a,
-                                   decode_cfg.max_len_b)
         self.generator = None
-        self.replace_unk = False
 
-    def search(self, sentences: list[str], beam_size: int = 1, alpha: float = 0.6,
-               nbest: int = 1) -> list[list[Hypothesis]]:
+    def search(self, sentences: list[str], nbest: int = 1) -> list[list[Hypothesis]]:
         """As `Translator.search`, with the same scores. CTranslate2 searches with raw
         log-probabilities (length_penalty 0) and returns all `beam_size` finished hypotheses;
         they are ranked here with tmt's GNMT penalty ((5 + length) / 6) ** alpha, since
         CTranslate2's own (length ** alpha) would rank them differently."""
         encoded = [self.encode_source(s) for s in sentences]
         results = [[Hypothesis([], 0.0)] for _ in sentences]
-        searching = beam_size > 1 or nbest > 1
+        decode = self.decode_cfg
+        beam_size, alpha = max(decode.beam_size, nbest), decode.length_penalty
+        searching = beam_size > 1
         # min_decoding_length 0: [EOS] may come first, as in tmt's search. The [EOS] is
         # returned so that the penalty counts it, as tmt's search does.
         options = dict(beam_size=beam_size, num_hypotheses=beam_size if searching else 1,
                        length_penalty=0.0, return_scores=searching, return_end_token=True,
                        max_input_length=0, min_decoding_length=0)
-        decode = self.decode_cfg
         if decode.sample_topk and not searching:
             options.update(sampling_topk=decode.sample_topk,
                            sampling_temperature=decode.temperature)

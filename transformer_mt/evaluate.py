@@ -68,15 +68,15 @@ def run_test_set(run: RunDir) -> EvalSet:
 
 # --------------------------------------------------------------------------- evaluation
 
-def evaluate(translator: Translator, test: EvalSet, beam_size: int,
-             checkpoint: Path) -> tuple[list[str], dict]:
-    """Translate and score `test`. Returns the hypotheses (line-aligned with the references)
-    and the report: scores, signatures, decoding settings, checkpoint, time, speed."""
+def evaluate(translator: Translator, test: EvalSet, checkpoint: Path) -> tuple[list[str], dict]:
+    """Translate `test` with the translator's decoding settings and score it. Returns the
+    hypotheses (line-aligned with the references) and the report: scores, signatures, decoding
+    settings, checkpoint, time, speed."""
     # A source with several references (as in Tatoeba) is translated once.
     unique = list(dict.fromkeys(test.sources))
     decode = translator.decode_cfg
     started = time.perf_counter()
-    outputs, unknown = translator.translate_counting(unique, beam_size, decode.length_penalty)
+    outputs, unknown = translator.translate_counting(unique)
     translated = dict(zip(unique, outputs))
     seconds = time.perf_counter() - started
     hypotheses = [translated[s] for s in test.sources]
@@ -86,7 +86,7 @@ def evaluate(translator: Translator, test: EvalSet, beam_size: int,
         "signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
         "bleu_details": scores.bleu_details,
         "sentences": len(test.sources), "translated": len(unique), "test_set": test.name,
-        "decoding": {"beam_size": beam_size, "length_penalty": decode.length_penalty,
+        "decoding": {"beam_size": decode.beam_size, "length_penalty": decode.length_penalty,
                      "batch_size": decode.batch_size, "batch_tokens": decode.batch_tokens,
                      "max_len_a": decode.max_len_a, "max_len_b": decode.max_len_b,
                      "device": str(translator.device)},

@@ -138,7 +138,7 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def load_export(folder: Path, device: str = "auto", replace_unk: bool | None = None,
+def load_export(folder: Path, device: str = "auto",
                 **decode_changes: Any) -> tuple[Translator, dict, Path]:
     """The translator of an export folder, its manifest, and its weights file."""
     manifest = read_manifest(folder)
@@ -151,7 +151,7 @@ def load_export(folder: Path, device: str = "auto", replace_unk: bool | None = N
         weights = folder / CT2_FILE
         if not weights.is_file():
             raise TmtError(f"{folder} lacks {CT2_FILE}; export the model again")
-        return CT2Translator(folder, src_codec, tgt_codec, decode_cfg, device, replace_unk), \
+        return CT2Translator(folder, src_codec, tgt_codec, decode_cfg, device), \
             manifest, weights
     from safetensors import SafetensorError
     from safetensors.torch import load_model
@@ -167,6 +167,5 @@ def load_export(folder: Path, device: str = "auto", replace_unk: bool | None = N
     except (SafetensorError, RuntimeError, OSError) as exc:
         raise TmtError(f"{weights}: cannot load ({str(exc).splitlines()[0]}); export the model "
                        f"again") from None
-    translator = Translator(model, src_codec, tgt_codec, decode_cfg, pick_device(device),
-                            replace_unk)
+    translator = Translator(model, src_codec, tgt_codec, decode_cfg, pick_device(device))
     return translator, manifest, weights

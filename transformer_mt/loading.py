@@ -39,10 +39,9 @@ class LoadedModel:
 
 
 def load_model(checkpoint: str | None, run: str | None, runs_dir: str, model_dir: str | None,
-               device: str = "auto", replace_unk: bool | None = None,
-               **decode_changes: Any) -> LoadedModel:
-    """`decode_changes` override the model's decode settings (e.g. length_penalty=1.0);
-    `replace_unk` as `Translator`'s (None: the default for the vocabulary)."""
+               device: str = "auto", **decode_changes: Any) -> LoadedModel:
+    """`decode_changes` override the model's decode settings (e.g. beam_size=4,
+    replace_unk=False)."""
     if model_dir is not None:
         if checkpoint is not None or run is not None:
             raise TmtError("pass --model EXPORT_DIR or --run/--checkpoint, not both")
@@ -51,8 +50,7 @@ def load_model(checkpoint: str | None, run: str | None, runs_dir: str, model_dir
         folder = Path(model_dir)
         if not folder.is_dir():
             raise TmtError(f"--model folder not found: {folder}")
-        translator, manifest, weights = load_export(folder, device, replace_unk,
-                                                    **decode_changes)
+        translator, manifest, weights = load_export(folder, device, **decode_changes)
         source_run = Path(manifest["checkpoint"]).parent.parent
         run_dir = RunDir(source_run) if (source_run / "config.yaml").is_file() else None
         backend = "ctranslate2" if manifest["format"] == "ctranslate2" else "pytorch"
@@ -62,6 +60,6 @@ def load_model(checkpoint: str | None, run: str | None, runs_dir: str, model_dir
 
     path = find_checkpoint(checkpoint, Path(run) if run else None, Path(runs_dir))
     saved = read_checkpoint(path)
-    translator = Translator.from_state(saved, str(path), device, replace_unk, **decode_changes)
+    translator = Translator.from_state(saved, str(path), device, **decode_changes)
     run_dir = RunDir(Path(run)) if run else run_of_checkpoint(path)
     return LoadedModel(translator, path, saved.step, "pytorch", run_dir)

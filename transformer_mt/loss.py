@@ -1,4 +1,5 @@
-"""Label-smoothed cross-entropy fused with the output projection, chunked over tokens.
+"""The training loss: label-smoothed cross-entropy over the real (not padding) target tokens,
+fused with the output projection and chunked over tokens. `Transformer.loss` is its one entry.
 
 The usual path materialises the (tokens × vocabulary) logits, their log-softmax, the one-hot
 gradient of the loss and the gradient of the log-softmax: with 4k tokens and a 16k vocabulary
@@ -12,7 +13,13 @@ float rounding (tested).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .batching import Batch
 
 # Tokens per chunk: their logits (CHUNK × vocabulary floats) stay small enough to be reused from
 # cache between the loss and gradient passes, while the weight is still read in few large GEMMs.
@@ -85,3 +92,26 @@ def projected_label_smoothed_loss(hidden: torch.Tensor, weight: torch.Tensor,
     need_grads = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     return _ProjectedLabelSmoothedCE.apply(hidden, weight, bias, labels, smoothing, need_grads)
+
+
+def label_smoothed_loss(hidden: torch.Tensor, labels: torch.Tensor, projection: nn.Linear,
+                        pad_id: int, smoothing: float) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over the real target tokens of the decoder states
+    `hidden` (B, T, d) against `labels` (B, T). Only real positions are projected to the
+    vocabulary, so padding costs nothing, and never all at once (see above)."""
+    real = labels != pad_id
+    return projected_label_smoothed_loss(hidden[real], projection.weight, projection.bias,
+                                         labels[real], smoothing)
+
+
+class BatchLoss(nn.Module):
+    """`model.loss` as a module's forward: what a training step calls. DistributedDataParallel
+    arms its gradient all-reduce in the forward of the module it wraps, so it wraps this one and
+    sees the whole loss, the projection included (as PyTorch Lightning wraps `training_step`)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Batch, pad_id: int, smoothing: float) -> torch.Tensor:
+        return self.model.loss(batch, pad_id, smoothing)

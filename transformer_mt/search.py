@@ -20,8 +20,8 @@ from .model.masks import causal_mask
 class SearchLimits:
     sos_id: int
     eos_id: int
-    max_len_a: float = 1.5   # output length cap: a * source length + b
-    max_len_b: int = 10
+    max_len_a: float         # output length cap: a * source length + b (decode.max_len_a/b)
+    max_len_b: int
 
     def max_lengths(self, src_mask: torch.Tensor) -> torch.Tensor:
         """Per-sentence cap on output tokens, from the real source length (without SOS/EOS)."""
@@ -105,9 +105,10 @@ def length_penalty(length: int, alpha: float) -> float:
 
 @torch.no_grad()
 def beam_search(model: Transformer, src: torch.Tensor, src_mask: torch.Tensor,
-                limits: SearchLimits, beam_size: int = 4, alpha: float = 0.6,
+                limits: SearchLimits, beam_size: int, alpha: float,
                 nbest: int = 1) -> list[list[Hypothesis]]:
-    """Batched beam search. For each sentence, up to `nbest` finished hypotheses, best first.
+    """Batched beam search. For each sentence, up to `nbest` finished hypotheses, best first,
+    ranked by log-probability / length_penalty(length, alpha) (decode.length_penalty).
 
     A hypothesis that emits [EOS] among the top `beam_size` candidates is kept as finished; a
     sentence is done when it has `beam_size` finished hypotheses or reaches its length cap

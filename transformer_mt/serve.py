@@ -175,14 +175,13 @@ class Batcher:
                 ) -> tuple[list[list[tuple[str, float]]], float]:
         started = time.perf_counter()
         translator = self.translator
-        if key.changes or key.seed is not None:
-            translator = translator.with_decoding(seed=key.seed, **dict(key.changes))
-        alpha = translator.decode_cfg.length_penalty
+        if key.changes or key.seed is not None or key.beam != translator.decode_cfg.beam_size:
+            translator = translator.with_decoding(seed=key.seed, beam_size=key.beam,
+                                                  **dict(key.changes))
         if key.nbest > 1:
-            outputs = translator.translate_nbest(sentences, key.beam, key.nbest, alpha)
+            outputs = translator.translate_nbest(sentences, key.nbest)
         else:
-            outputs = [[(text, float("nan"))]
-                       for text in translator.translate(sentences, key.beam, alpha)]
+            outputs = [[(text, float("nan"))] for text in translator.translate(sentences)]
         return outputs, time.perf_counter() - started
 
 

@@ -14,7 +14,7 @@ from .batching import Batch
 from .config import Config, TrainConfig
 from .device import autocast
 from .distributed import DistInfo, sum_across_ranks
-from .loss import projected_label_smoothed_loss
+from .loss import BatchLoss
 from .model import Transformer
 
 
@@ -30,16 +30,6 @@ def learning_rate(cfg: TrainConfig, updates: int) -> float:
     so nothing about the schedule is checkpointed, and a resume with a new train.lr or
     train.warmup_steps follows the new schedule from its next step."""
     return cfg.lr * noam_factor(updates + 1, cfg.warmup_steps)
-
-
-def label_smoothed_loss(hidden: torch.Tensor, labels: torch.Tensor, projection: torch.nn.Linear,
-                        pad_id: int, smoothing: float) -> torch.Tensor:
-    """Summed cross-entropy over real target tokens of the decoder states `hidden` (B, T, d).
-    Only real positions are projected to the vocabulary, so padding costs nothing; projection
-    and loss are fused (transformer_mt.loss) so the logits are never held whole."""
-    real = labels != pad_id
-    return projected_label_smoothed_loss(hidden[real], projection.weight, projection.bias,
-                                         labels[real], smoothing)
 
 
 @dataclass
@@ -62,10 +52,11 @@ class TrainStep:
         model.set_recompute(t.recompute)
         # Training runs through the DDP wrapper (gradient all-reduce); everything else, from
         # validation to checkpoints, uses the plain module.
-        self.train_model: torch.nn.Module = model
+        self.batch_loss = BatchLoss(model)
+        self.train_model: torch.nn.Module = self.batch_loss
         if dist_info.enabled:
             self.train_model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
+                self.batch_loss, device_ids=[device.index] if device.type == "cuda" else None)
         # fused: one kernel per step instead of ~10 passes over every parameter; on a CPU the
         # unfused Adam step took as long as the forward and backward passes together.
         self.optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=tuple(t.adam_betas),
@@ -74,12 +65,7 @@ class TrainStep:
     def loss(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
         """The summed label-smoothed loss of `batch` (on the device already)."""
         with autocast(self.device):
-            # Through forward() (not decoder_states) so that DDP sees the call; the projection
-            # happens inside the fused loss, on real target positions only.
-            hidden = (model or self.model)(batch.src, batch.tgt_in, batch.src_mask,
-                                           batch.tgt_mask, project_to_vocab=False)
-            return label_smoothed_loss(hidden, batch.tgt_out, self.model.projection, self.pad_id,
-                                       self.cfg.train.label_smoothing)
+            return (model or self.batch_loss)(batch, self.pad_id, self.cfg.train.label_smoothing)
 
     def __call__(self, batches: list[Batch], updates: int) -> StepResult:
         """The step after `updates` applied updates; the loss is averaged over all the real

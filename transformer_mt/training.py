@@ -295,8 +295,7 @@ class Trainer:
         log.info("validation at step %d: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f",
                  self.state.step, result.loss, result.ppl, result.bleu, result.chrf)
         if self.writer:
-            log_validation(self.writer, result, self.translator, self.cfg.decode.beam_size,
-                           self.state.step)
+            log_validation(self.writer, result, self.translator, self.state.step)
 
     def _model_flops(self, group: list[Batch]) -> float:
         """This rank's model FLOPs of one step (model/flops.py), for MFU on rank 0."""

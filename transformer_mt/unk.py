@@ -32,8 +32,7 @@ def last_layer_cross_attention(model: Transformer, src: torch.Tensor, src_mask: 
     model.eval()
     attention.keep_weights = True
     try:
-        model(src, tgt_in, src_mask, causal_mask(tgt_in.size(1), src.device),
-              project_to_vocab=False)
+        model.decoder_states(src, tgt_in, src_mask, causal_mask(tgt_in.size(1), src.device))
         return attention.last_weights.mean(dim=1)
     finally:
         attention.keep_weights, attention.last_weights = False, None

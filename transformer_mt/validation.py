@@ -52,15 +52,14 @@ class Validator:
             tokens += batch.n_tokens
         splits, decode = self.data.splits, self.cfg.decode
         valid = splits.valid.select(range(min(decode.valid_sentences, len(splits.valid))))
-        hypotheses = self.translator.translate(valid["src"], decode.beam_size,
-                                               decode.length_penalty)
+        hypotheses = self.translator.translate(valid["src"])
         scores = corpus_scores(hypotheses, valid["tgt"])
         samples = list(zip(valid["src"], valid["tgt"], hypotheses))[:SAMPLE_TRANSLATIONS]
         return ValidationResult(loss_sum / max(tokens, 1), scores.bleu, scores.chrf, samples)
 
 
 def log_validation(writer: SummaryWriter, result: ValidationResult, translator: Translator,
-                   beam_size: int, step: int) -> None:
+                   step: int) -> None:
     """Scores, the sample translations and each sample's cross-attention, to TensorBoard."""
     # matplotlib (imported by attention_plot) is loaded only once an image is drawn.
     from .attention_plot import attention_figure, cross_attention
@@ -70,5 +69,5 @@ def log_validation(writer: SummaryWriter, result: ValidationResult, translator: 
     text = "\n\n".join(f"**src** {s}  \n**ref** {r}  \n**hyp** {h}" for s, r, h in result.samples)
     writer.add_text("valid/samples", text, step)
     for i, (source, _, _) in enumerate(result.samples):
-        alignment = cross_attention(translator, source, beam_size)
+        alignment = cross_attention(translator, source)
         writer.add_figure(f"valid/attention/{i}", attention_figure(alignment), step)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from ..config import ModelConfig
+from ..loss import label_smoothed_loss
 from .embeddings import InputEmbeddings, PositionalEncoding
 from .layers import Decoder, Encoder
+
+if TYPE_CHECKING:
+    from ..batching import Batch
 
 
 class Transformer(nn.Module):
@@ -65,11 +71,16 @@ class Transformer(nn.Module):
         return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor,
-                tgt_mask: torch.Tensor, project_to_vocab: bool = True) -> torch.Tensor:
-        """Logits (B, T, vocab); with project_to_vocab=False the decoder states (B, T, d_model),
-        for a loss that projects only the positions it needs."""
-        hidden = self.decoder_states(src, tgt, src_mask, tgt_mask)
-        return self.project(hidden) if project_to_vocab else hidden
+                tgt_mask: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T, vocab) with teacher forcing."""
+        return self.project(self.decoder_states(src, tgt, src_mask, tgt_mask))
+
+    def loss(self, batch: Batch, pad_id: int, smoothing: float) -> torch.Tensor:
+        """Summed label-smoothed cross-entropy of the batch's real target tokens (`tgt_out` not
+        `pad_id`), teacher forced; the logits are never held whole (transformer_mt/loss.py).
+        Divide by `batch.n_tokens` for the loss per token."""
+        hidden = self.decoder_states(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+        return label_smoothed_loss(hidden, batch.tgt_out, self.projection, pad_id, smoothing)
 
     def new_cache(self, memory: torch.Tensor) -> list[dict]:
         """A key/value cache for incremental decoding, one dict per decoder layer. The
