@@ -1,13 +1,14 @@
 """One bar and one log line per stage of a long job (data preparation at millions of pairs).
 
 The bar (rate and ETA) goes to stderr only when it is a terminal, so logs, pipes and tests stay
-clean; the summary line `stage NAME: S s, ...` goes to the log (and so to the run's train.log),
+clean; the summary line `stage NAME: S s, ..., peak RSS M MB` goes to the log (and so to the run's train.log),
 where `scripts/bench_data.py` reads it.
 """
 
 from __future__ import annotations
 
 import logging
+import resource
 import sys
 import time
 from contextlib import contextmanager
@@ -40,5 +41,7 @@ def stage(name: str, total: int | None = None, unit: str = "pairs") -> Iterator[
         yield progress
     seconds = time.perf_counter() - started
     rate = f"{progress.done / seconds:,.0f}" if seconds > 0 else "-"
-    log.info("stage %s: %.1f s, %s %s (%s %s/s)", name, seconds, f"{progress.done:,}", unit,
-             rate, unit)
+    # ru_maxrss: the process's peak so far (kB on Linux), what the stages up to this one needed.
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    log.info("stage %s: %.1f s, %s %s (%s %s/s), peak RSS %s MB", name, seconds,
+             f"{progress.done:,}", unit, rate, unit, f"{peak_mb:,}")
