@@ -20,6 +20,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import threading
@@ -434,8 +435,10 @@ def clean_corpus(raw: datasets.Dataset, cfg: DataConfig, work: Path) -> CleanCor
     if cfg.max_pairs is not None and cfg.max_pairs < len(rows):
         # A seeded random sample rather than the first N: corpora such as Tatoeba are
         # sorted by length, so their head holds only the shortest sentences.
-        sample = np.random.default_rng(cfg.seed).choice(len(rows), cfg.max_pairs, replace=False)
-        rows = rows[np.sort(sample)]
+        # random.sample (not numpy) keeps the sample, and so the split, of runs made before;
+        # it holds k Python ints (a pool of len(rows) only when k is near it), briefly.
+        sample = random.Random(cfg.seed).sample(range(len(rows)), cfg.max_pairs)
+        rows = rows[np.sort(np.array(sample, dtype=np.int64))]
         log.info("data.max_pairs: a seeded sample of %d pairs kept", len(rows))
     return CleanCorpus(pairs, rows, joined["src_keys"][rows], joined["tgt_keys"][rows])
 

@@ -185,15 +185,25 @@ def load_data(run: RunDir) -> RunData:
     splits = load_splits(run.data, check_train=False)
     src_codec = TextCodec.load(run.tokenizers / "src.json")
     tgt_codec = TextCodec.load(run.tokenizers / "tgt.json")
-    stores = {}
-    for name in ENCODED_SPLITS:
-        path = run.ids / name
-        if not path.exists():
-            log.warning("%s has no token store %s; encoding the saved split once", run.path,
-                        path)
-            encode_split(getattr(splits, name), src_codec, tgt_codec, path)
-        stores[name] = TokenStore(path)
+    stores = {name: _token_store(run.ids / name, getattr(splits, name), src_codec, tgt_codec)
+              for name in ENCODED_SPLITS}
     return RunData(splits, src_codec, tgt_codec, stores["train"], stores["valid"])
+
+
+def _token_store(path: Path, split: datasets.Dataset, src_codec: TextCodec,
+                 tgt_codec: TextCodec) -> TokenStore:
+    """The split's token store; encoded from the split when missing, and again when damaged (it
+    is derived data that tmt wrote, in a folder of its own)."""
+    if path.is_dir() and not path.is_symlink():
+        try:
+            return TokenStore(path)
+        except TmtError as exc:
+            log.warning("%s; encoding the saved split again", exc)
+            shutil.rmtree(path)
+    elif not path.exists():
+        log.warning("no token store %s (a run prepared by an older tmt?); encoding the saved "
+                    "split once", path)
+    return encode_split(split, src_codec, tgt_codec, path)
 
 
 def load_test_split(run: RunDir) -> datasets.Dataset:
