@@ -410,24 +410,24 @@ class CleanCorpus:
 def clean_corpus(raw: datasets.Dataset, cfg: DataConfig, work: Path) -> CleanCorpus:
     """`clean_pairs` over a corpus of any size, in batches; then the seeded sample of
     data.max_pairs."""
-    arrays: dict[str, list[np.ndarray]] = {name: [] for name in
-                                           ("empty", "too_long", "pair_keys", "src_keys",
-                                            "tgt_keys")}
+    # Filled batch by batch: 26 bytes a pair, the only per-pair memory of preparation.
+    arrays = {name: np.zeros(len(raw), dtype=bool) for name in ("empty", "too_long")}
+    arrays.update({name: np.zeros(len(raw), dtype=np.uint64)
+                   for name in ("pair_keys", "src_keys", "tgt_keys")})
 
     def batches(progress) -> Iterator[dict[str, list[str]]]:
+        start = 0
         for batch in record_batches(raw):
             cleaned = clean_batch(texts(batch, "src"), texts(batch, "tgt"), cfg)
-            for name, parts in arrays.items():
-                parts.append(getattr(cleaned, name))
+            for name, array in arrays.items():
+                array[start:start + batch.num_rows] = getattr(cleaned, name)
+            start += batch.num_rows
             progress.update(batch.num_rows)
             yield {"src": cleaned.src, "tgt": cleaned.tgt}
 
     with stage("cleaning", len(raw)) as progress:
         pairs = write_pairs(work / "clean.arrow", batches(progress))
-        joined = {name: np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
-                  for name, parts in arrays.items()}
-        rows = kept_rows(joined["empty"].astype(bool), joined["too_long"].astype(bool),
-                         joined["pair_keys"], cfg)
+        rows = kept_rows(arrays["empty"], arrays["too_long"], arrays["pair_keys"], cfg)
     if not len(rows):
         where = cfg.path or cfg.src_path or cfg.hub_name
         raise TmtError(f"{where}: no usable sentence pairs after cleaning (all empty, malformed "
@@ -440,7 +440,7 @@ def clean_corpus(raw: datasets.Dataset, cfg: DataConfig, work: Path) -> CleanCor
         sample = random.Random(cfg.seed).sample(range(len(rows)), cfg.max_pairs)
         rows = rows[np.sort(np.array(sample, dtype=np.int64))]
         log.info("data.max_pairs: a seeded sample of %d pairs kept", len(rows))
-    return CleanCorpus(pairs, rows, joined["src_keys"][rows], joined["tgt_keys"][rows])
+    return CleanCorpus(pairs, rows, arrays["src_keys"][rows], arrays["tgt_keys"][rows])
 
 
 # --------------------------------------------------------------------------- splitting
@@ -453,10 +453,12 @@ def connected_components(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarr
     string in both languages is two nodes), pairs are edges. Each round hooks the larger root
     of every edge under the smaller one, then compresses paths fully; parent[x] <= x always
     holds, so no cycle can form. A few dozen rounds suffice even for long chains."""
-    src_node = np.unique(src_keys, return_inverse=True)[1].reshape(-1)
-    tgt_node = np.unique(tgt_keys, return_inverse=True)[1].reshape(-1)
-    tgt_node = tgt_node + (src_node.max() + 1 if len(src_node) else 0)
-    parent = np.arange(int(tgt_node.max()) + 1 if len(tgt_node) else 0)
+    # 32-bit node numbers while they fit: half the memory of every array below.
+    node_type = np.int32 if 2 * len(src_keys) < np.iinfo(np.int32).max else np.int64
+    src_node = np.unique(src_keys, return_inverse=True)[1].reshape(-1).astype(node_type)
+    tgt_node = np.unique(tgt_keys, return_inverse=True)[1].reshape(-1).astype(node_type)
+    tgt_node += src_node.max() + 1 if len(src_node) else 0
+    parent = np.arange(int(tgt_node.max()) + 1 if len(tgt_node) else 0, dtype=node_type)
     while True:
         root_a, root_b = parent[src_node], parent[tgt_node]
         apart = root_a != root_b
