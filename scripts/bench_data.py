@@ -14,8 +14,9 @@ real large corpus. Then it runs the real command, as a user would:
 and reports for each: wall time, and peak memory of the whole process tree (the largest sum of
 the proportional set sizes of tmt and its DataLoader workers, sampled every 0.2 s; PSS counts a
 page shared by k processes as 1/k in each, so memory-mapped data read by every worker is counted
-once). The stage lines that preparation writes to train.log (`stage NAME: S s, ...`) are
-reported as they are.
+once). The stage lines that preparation writes to train.log (`stage NAME: S s, ..., peak RSS
+M MB`) give each stage's time and the peak RSS of preparation up to its end (before training
+starts).
 
 The absolute times depend on the machine's load; run it alone. Peak memory does not.
 """
@@ -36,7 +37,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
-STAGE_LINE = re.compile(r"stage (?P<name>[\w ]+): (?P<seconds>[\d.]+) s")
+STAGE_LINE = re.compile(r"stage (?P<name>[\w ]+): (?P<seconds>[\d.]+) s"
+                        r"(?:.*peak RSS (?P<peak_mb>[\d,]+) MB)?")
 WRITE_CHUNK = 200_000
 
 
@@ -112,11 +114,14 @@ def measure(command: list[str], log_file: Path) -> dict:
             "peak_rss_main_mb": round(usage.ru_maxrss / 1024)}
 
 
-def stage_lines(run_dir: Path) -> dict[str, float]:
+def stage_lines(run_dir: Path) -> dict[str, dict]:
+    """Each preparation stage's seconds and the process's peak RSS (MB) at its end."""
     log = run_dir / "train.log"
     if not log.is_file():
         return {}
-    return {m["name"]: float(m["seconds"]) for m in STAGE_LINE.finditer(log.read_text())}
+    return {m["name"]: {"seconds": float(m["seconds"]),
+                        "peak_rss_mb": int(m["peak_mb"].replace(",", "")) if m["peak_mb"] else None}
+            for m in STAGE_LINE.finditer(log.read_text())}
 
 
 def bench_size(pairs: int, args: argparse.Namespace) -> dict:

@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,8 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING)
 
     cfg = load_config(args.config)
-    splits = prepare_splits(cfg.data)
+    scratch = tempfile.TemporaryDirectory(prefix="vocab_coverage.")
+    splits = prepare_splits(cfg.data, Path(scratch.name) / "data")
     held_out = {"test": (column(splits.test, "src"), column(splits.test, "tgt"))}
     for unseen in (rare_word_set(splits.train, splits.test),
                    name_swap_set(splits.train, splits.test)):

@@ -1,14 +1,22 @@
 import numpy as np
 import torch
 
-from transformer_mt.batching import Collator, EncodedPairs, TokenBatchSampler
+from transformer_mt.batching import Collator, TokenBatchSampler
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.model.masks import tgt_mask
+from transformer_mt.token_store import write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 
 
 def _lengths(n=1000, seed=0):
     return np.random.default_rng(seed).integers(3, 40, n)
+
+
+def _pairs_of_lengths(path, src_lengths, tgt_lengths):
+    """A token store whose pairs occupy these positions in a batch (ids plus special tokens)."""
+    src = [[5] * (n - 2) for n in src_lengths]
+    tgt = [[5] * (n - 1) for n in tgt_lengths]
+    return write_token_store(path, [(src, tgt)], 10, 10)
 
 
 def test_every_example_exactly_once_per_epoch():
@@ -52,11 +60,9 @@ def test_ranks_get_disjoint_equal_shares():
     assert len(flat) == len(set(flat))
 
 
-def test_padding_efficiency_is_high_with_buckets():
+def test_padding_efficiency_is_high_with_buckets(tmp_path):
     lengths = _lengths(5000)
-    pairs = EncodedPairs.__new__(EncodedPairs)
-    pairs.src = [[5] * (n - 2) for n in lengths]
-    pairs.tgt = [[5] * (n - 1) for n in lengths]
+    pairs = _pairs_of_lengths(tmp_path / "pairs", lengths, lengths)
     assert TokenBatchSampler(pairs.lengths(), 4096, seed=0).padding_efficiency(pairs) > 0.9
 
 
@@ -82,12 +88,10 @@ def test_tgt_mask_hides_future_and_padding():
     assert not mask[:, 3].any()
 
 
-def test_pairs_are_grouped_by_both_sides_lengths():
+def test_pairs_are_grouped_by_both_sides_lengths(tmp_path):
     rng = np.random.default_rng(0)
     src, tgt = rng.integers(3, 30, 20000), rng.integers(3, 30, 20000)
-    pairs = EncodedPairs.__new__(EncodedPairs)
-    pairs.src = [[5] * (n - 2) for n in src]
-    pairs.tgt = [[5] * (n - 1) for n in tgt]
+    pairs = _pairs_of_lengths(tmp_path / "pairs", src, tgt)
     sampler = TokenBatchSampler(pairs.lengths(), 4096, seed=0)
     longer_side_only = TokenBatchSampler(pairs.lengths().max(axis=1), 4096, seed=0)
     assert pairs.lengths().tolist()[:2] == [[src[0], tgt[0]], [src[1], tgt[1]]]

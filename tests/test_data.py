@@ -5,7 +5,6 @@ import datasets
 import pytest
 from conftest import sample_pairs, write_tsv
 
-from transformer_mt.batching import EncodedPairs
 from transformer_mt.config import DataConfig, TokenizerConfig
 from transformer_mt.data import (
     clean_pairs,
@@ -17,6 +16,7 @@ from transformer_mt.data import (
     split_by_component,
 )
 from transformer_mt.errors import TmtError
+from transformer_mt.token_store import write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 from transformer_mt.training import trainable_pairs
 
@@ -75,17 +75,17 @@ def test_a_space_free_run_of_punctuation_is_counted_by_its_tokens():
     assert src == ["Hi."]
 
 
-def test_subword_pairs_longer_than_max_len_are_not_trained_on():
+def test_subword_pairs_longer_than_max_len_are_not_trained_on(tmp_path):
     # A small BPE vocabulary spells rare words in many pieces: more tokens than words.
     texts = [normalize_text(side) for pair in sample_pairs(300, seed=3) for side in pair]
     codec = TextCodec(train_tokenizer(texts, TokenizerConfig(type="bpe", max_vocab=60,
                                                              min_frequency=1)))
-    encoded = datasets.Dataset.from_dict({"src_ids": codec.encode_batch(texts[0::2]),
-                                          "tgt_ids": codec.encode_batch(texts[1::2])})
-    pairs = EncodedPairs(encoded)
+    src, tgt = codec.encode_batch(texts[0::2]), codec.encode_batch(texts[1::2])
+    pairs = write_token_store(tmp_path / "train", [(src, tgt)], codec.vocab_size,
+                              codec.vocab_size)
     max_len = 20
     kept, lengths = trainable_pairs(pairs, max_len)
-    too_long = sum(max(len(s), len(t)) > max_len for s, t in zip(pairs.src, pairs.tgt))
+    too_long = sum(max(len(s), len(t)) > max_len for s, t in zip(src, tgt))
     assert too_long and len(kept) == len(pairs) - too_long == len(lengths)
     assert all(len(s) <= max_len and len(t) <= max_len for s, t in kept)
 
@@ -160,7 +160,7 @@ def test_split_refuses_a_corpus_too_small_for_the_held_out_sets():
 def test_tsv_keeps_quotes_and_reports_malformed_lines(tmp_path, caplog):
     path = tmp_path / "c.tsv"
     path.write_text('He said "hi".\tHa detto "ciao".\nno tab here\nA\tB\tC\nOk.\tVa bene.\n')
-    ds = load_corpus(DataConfig(source="tsv", path=str(path)))
+    ds = load_corpus(DataConfig(source="tsv", path=str(path)), tmp_path / "work")
     assert ds["src"] == ['He said "hi".', "Ok."]
     assert ds["tgt"] == ['Ha detto "ciao".', "Va bene."]
     assert "skipped 2 of 4 lines" in caplog.text and "lines 2, 3" in caplog.text
@@ -181,7 +181,7 @@ def test_jsonl_parquet_and_text_pair_sources(tmp_path):
                DataConfig(source="text", src_path=str(tmp_path / "c.en"),
                           tgt_path=str(tmp_path / "c.it"))]
     for cfg in configs:
-        ds = load_corpus(cfg)
+        ds = load_corpus(cfg, tmp_path / cfg.source)
         assert list(zip(ds["src"], ds["tgt"])) == pairs, cfg.source
 
 
@@ -190,29 +190,29 @@ def test_text_pair_with_different_line_counts_is_refused(tmp_path):
     (tmp_path / "a.it").write_text("a\n")
     with pytest.raises(TmtError, match="line-aligned"):
         load_corpus(DataConfig(source="text", src_path=str(tmp_path / "a.en"),
-                               tgt_path=str(tmp_path / "a.it")))
+                               tgt_path=str(tmp_path / "a.it")), tmp_path / "work")
 
 
 def test_unknown_language_in_jsonl_names_the_available_ones(tmp_path):
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps({"translation": {"en": "a", "fr": "b"}}) + "\n")
     with pytest.raises(TmtError, match="no language 'it'.*en, fr"):
-        load_corpus(DataConfig(source="jsonl", path=str(path)))
+        load_corpus(DataConfig(source="jsonl", path=str(path)), tmp_path / "work")
 
 
 def test_missing_file_and_empty_corpus(tmp_path):
     with pytest.raises(TmtError, match="corpus file not found"):
-        load_corpus(DataConfig(source="tsv", path=str(tmp_path / "nope.tsv")))
+        load_corpus(DataConfig(source="tsv", path=str(tmp_path / "nope.tsv")), tmp_path / "w")
     empty = write_tsv(tmp_path / "e.tsv", [(" ", "x"), ("y", "")])
     with pytest.raises(TmtError, match="no usable sentence pairs"):
-        prepare_splits(DataConfig(source="tsv", path=str(empty)))
+        prepare_splits(DataConfig(source="tsv", path=str(empty)), tmp_path / "data")
 
 
-def test_hub_offline_fails_fast_naming_the_local_alternative():
+def test_hub_offline_fails_fast_naming_the_local_alternative(tmp_path):
     started = time.monotonic()
     with pytest.raises(TmtError, match="data.source=tsv"):
         load_corpus(DataConfig(source="hub", hub_name="Helsinki-NLP/opus_books",
-                               hub_config="en-it"))
+                               hub_config="en-it"), tmp_path)
     assert time.monotonic() - started < 30
 
 
@@ -220,7 +220,7 @@ def test_max_pairs_is_a_seeded_sample_not_the_head(tmp_path):
     pairs = [(f"s{i}", f"t{i}") for i in range(1000)]
     path = write_tsv(tmp_path / "c.tsv", pairs)
     cfg = DataConfig(source="tsv", path=str(path), max_pairs=100, valid_size=10, test_size=10)
-    splits = prepare_splits(cfg)
+    splits = prepare_splits(cfg, tmp_path / "a")
     kept = {s for _, ds in splits.items() for s in ds["src"]}
     assert len(kept) == 100 and kept != {f"s{i}" for i in range(100)}
-    assert kept == {s for _, ds in prepare_splits(cfg).items() for s in ds["src"]}
+    assert kept == {s for _, ds in prepare_splits(cfg, tmp_path / "b").items() for s in ds["src"]}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import pyarrow as pa
 import pytest
 from conftest import run_tmt, tiny_config_text
 
@@ -165,11 +166,18 @@ def split_file(run: Path, split: str, pattern: str) -> Path:
     return next((run / "data" / split).glob(pattern))
 
 
+def truncate_file(path: Path, keep: int = 300) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
 def truncate(split: str, pattern: str = "data-*.arrow", keep: int = 300):
-    def damage(run: Path) -> None:
-        path = split_file(run, split, pattern)
-        path.write_bytes(path.read_bytes()[:keep])
-    return damage
+    return lambda run: truncate_file(split_file(run, split, pattern), keep)
+
+
+def arrow_with_other_columns(path: Path) -> None:
+    table = pa.table({"src_ids": [[1, 2]], "tgt_ids": [[3]]})
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def overwrite(split: str, pattern: str, data: bytes):
@@ -390,11 +398,12 @@ ROWS = [
     row("resume-train-is-a-file", copy_run(lambda run: (
         shutil.rmtree(run / "data" / "train"), (run / "data" / "train").write_text("x"))),
         resume(), USER_ERROR, "lacks its saved split (train", changes=RUN_WRITES),
-    row("resume-train-has-other-columns", copy_run(lambda run: shutil.copy(
-        split_file(run, "train", "cache-*.arrow"), split_file(run, "train", "data-*.arrow"))),
+    row("resume-train-has-other-columns", copy_run(lambda run: arrow_with_other_columns(
+        split_file(run, "train", "data-*.arrow"))),
         resume(), USER_ERROR, f"data/train {DAMAGED}", changes=RUN_WRITES),
-    row("resume-damaged-ids-cache-is-rebuilt", copy_run(truncate("train", "cache-*.arrow")),
-        resume(), 0, "encoded-ids cache beside", changes=("run/",)),
+    row("resume-damaged-token-store-is-rebuilt", copy_run(lambda run: truncate_file(
+        run / "data" / "ids" / "train" / "src.ids")),
+        resume(), 0, "encoding the saved split again", changes=("run/",)),
 
     # ------------------------------------------------------------ checkpoints cannot be written
     row("checkpoints-is-a-file", copy_run(block_checkpoints(lambda p: p.write_text("x"))),

@@ -2,6 +2,7 @@
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +59,25 @@ def test_stop_and_resume_is_bitwise_identical(tmp_path, resume_config, unbroken)
     second = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir),
                      "--resume")
     assert second.returncode == 0, second.stderr
+    _assert_same_training_state(_final_state(run_dir), unbroken)
+
+
+def test_a_resume_reads_no_corpus_and_prepares_nothing(tmp_path, corpus_tsv, unbroken):
+    # The same sentences as the unbroken run's corpus, in a file of this test's own.
+    corpus = tmp_path / "own.tsv"
+    shutil.copyfile(corpus_tsv, corpus)
+    config = tmp_path / "own.yaml"
+    config.write_text(tiny_config_text(corpus, valid_every=10, checkpoint_every=4,
+                                       max_steps=STEPS))
+    run_dir = tmp_path / "halves"
+    first = run_tmt("train", "--config", str(config), "--run-dir", str(run_dir),
+                    "--max-steps", "17")
+    assert first.returncode == 0, first.stderr
+    prepared = (run_dir / "train.log").read_text().count("stage ")
+    corpus.unlink()
+    second = run_tmt("train", "--run-dir", str(run_dir), "--resume")
+    assert second.returncode == 0, second.stderr
+    assert (run_dir / "train.log").read_text().count("stage ") == prepared   # nothing redone
     _assert_same_training_state(_final_state(run_dir), unbroken)
 
 

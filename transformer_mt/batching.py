@@ -1,68 +1,19 @@
-"""From text pairs to padded tensors: encode once, bucket by length, batch by token budget.
+"""From token ids to padded tensors: bucket by length, batch by token budget, collate.
 
 Masks follow one convention throughout: a boolean tensor that is True where attention is allowed.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-import datasets
 import numpy as np
-import pyarrow as pa
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .data import column
 from .model.masks import pad_sequences, source_tensor, src_pad_mask, tgt_mask
 from .tokenizer import TextCodec
-
-log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------- encoding
-
-def encode_split(ds: datasets.Dataset, src_codec: TextCodec, tgt_codec: TextCodec) -> datasets.Dataset:
-    """Add `src_ids` / `tgt_ids` columns. `datasets` caches the result next to the saved split,
-    so a resumed run and every epoch reuse it instead of tokenizing again."""
-    def encode(batch):
-        return {"src_ids": src_codec.encode_batch(batch["src"]),
-                "tgt_ids": tgt_codec.encode_batch(batch["tgt"])}
-    try:
-        return ds.map(encode, batched=True, batch_size=2000, desc="encoding")
-    except (pa.ArrowException, OSError) as exc:
-        # The cache is derived data that tmt wrote: a damaged one is rebuilt, not fatal.
-        log.warning("the encoded-ids cache beside %s is damaged (%s); encoding again",
-                    ds.cache_files[0]["filename"] if ds.cache_files else "the split",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        return ds.map(encode, batched=True, batch_size=2000, desc="encoding",
-                      load_from_cache_file=False)
-
-
-class EncodedPairs(Dataset):
-    """Token ids of a split held in memory; item i is (src_ids, tgt_ids) without special tokens."""
-
-    def __init__(self, encoded: datasets.Dataset):
-        # Straight from Arrow: 10x faster than through the Dataset (1 s instead of 8 s for the
-        # 345k Tatoeba pairs, at every start).
-        self.src: list[list[int]] = column(encoded, "src_ids") if len(encoded) else []
-        self.tgt: list[list[int]] = column(encoded, "tgt_ids") if len(encoded) else []
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def __getitem__(self, index: int) -> tuple[list[int], list[int]]:
-        return self.src[index], self.tgt[index]
-
-    def lengths(self) -> np.ndarray:
-        """(N, 2): positions each example occupies in a batch, on the source side
-        ([SOS] src [EOS]) and on the target side ([SOS] tgt, or tgt [EOS])."""
-        src = np.fromiter((len(s) + 2 for s in self.src), dtype=np.int64, count=len(self.src))
-        tgt = np.fromiter((len(t) + 1 for t in self.tgt), dtype=np.int64, count=len(self.tgt))
-        return np.stack([src, tgt], axis=1)
-
 
 # --------------------------------------------------------------------------- batch plan
 
@@ -74,7 +25,7 @@ class TokenBatchSampler:
     a disjoint share of the same plan, all shares of equal length (so no rank waits at the end).
 
     `lengths` holds the positions each example occupies: (N,), or (N, sides) for pairs
-    (`EncodedPairs.lengths()`). The budget applies to the longer side; examples are ordered by
+    (`TokenStore.lengths()`). The budget applies to the longer side; examples are ordered by
     it, then by each side's length, so that both sides of a batch pad little.
     """
 

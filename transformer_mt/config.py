@@ -72,6 +72,9 @@ class TokenizerConfig:
     max_vocab: Optional[int] = _spec(None, "word: cap on each vocabulary, most frequent first "
                                      "(null: no cap); bpe, unigram: the joint vocabulary size "
                                      "(required, e.g. 8000)", low=8)
+    sample_pairs: Optional[int] = _spec(None, "train the tokenizers on a seeded random sample of "
+                                        "this many train pairs (faster on corpora of millions; "
+                                        "null: all of them)", low=1)
 
     @property
     def joint(self) -> bool:

@@ -1,33 +1,53 @@
-"""Load a parallel corpus through Hugging Face `datasets`, clean it, and split it without leakage.
+"""The corpus side of the data path: read a parallel corpus into Arrow, clean it, drop exact
+duplicates, filter by length and split it without leakage, all in bounded memory.
 
-Every source ends up as a `datasets.Dataset` with two string columns, `src` and `tgt`.
+    corpus (TSV / two text files / JSONL / parquet / hub)
+      -> reading:   WORK/corpus.arrow, columns `src` and `tgt` (malformed rows counted, skipped)
+      -> cleaning:  WORK/clean.arrow, normalised (or truncated) texts, row for row; 64-bit keys
+                    of every pair and sentence held in numpy (8 bytes a key)
+      -> splitting: duplicates (same pair key) and long pairs dropped, connected components of
+                    the keys dealt out to train / valid / test, each split written as Arrow
+
+Every pass streams the Arrow files record batch by record batch (not memory-mapped: pages read
+once are not kept), so memory grows only by the per-pair key arrays (about 30 bytes a pair), not
+by the texts. run.py takes the splits on to tokenizers and token ids.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
 import random
+import shutil
 import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import datasets
 import numpy as np
+import pyarrow as pa
+from datasets.arrow_writer import ArrowWriter
 
 from .config import DataConfig
 from .errors import TmtError
-from .textio import read_text_lines
+from .progress import stage
+from .textio import utf8_lines
 from .tokenizer import normalize_text, token_limit_end
 
 log = logging.getLogger(__name__)
 
 HUB_HOST = "huggingface.co"
 MALFORMED_LINES_SHOWN = 5
+BATCH_ROWS = 10_000
+PAIR_FEATURES = datasets.Features({"src": datasets.Value("string"),
+                                   "tgt": datasets.Value("string")})
+SPLIT_NAMES = ("train", "valid", "test")        # split codes 0, 1, 2 of `assign_splits`
+SPLIT_FILE = "data-00000-of-00001.arrow"        # the name Dataset.save_to_disk gives one shard
 
 
 @dataclass
@@ -40,12 +60,59 @@ class Splits:
         return (("train", self.train), ("valid", self.valid), ("test", self.test))
 
 
-# --------------------------------------------------------------------------- loading
+# --------------------------------------------------------------------------- Arrow files
 
 def column(ds: datasets.Dataset, name: str) -> list:
-    """A column as a Python list (through Arrow: much faster than iterating the Dataset)."""
+    """A column as a Python list (through Arrow: much faster than iterating the Dataset); only
+    for splits that fit in memory (valid, test)."""
     return ds.data.column(name).to_pylist()
 
+
+def write_pairs(path: Path, batches: Iterable[dict[str, list[str]]]) -> datasets.Dataset:
+    """Write batches of {"src": [...], "tgt": [...]} to an Arrow file, one batch in memory at
+    a time, and open it as a Dataset."""
+    with ArrowWriter(features=PAIR_FEATURES, path=str(path), writer_batch_size=BATCH_ROWS) as out:
+        for batch in batches:
+            out.write_batch(batch)
+        out.finalize()
+    return datasets.Dataset.from_file(str(path))
+
+
+def record_batches(ds: datasets.Dataset) -> Iterator[pa.RecordBatch]:
+    """The rows of `ds` in order, one Arrow record batch at a time, read from its files as a
+    stream: unlike iterating the memory-mapped Dataset, the pages read do not stay in memory."""
+    if ds._indices is None and ds.cache_files:
+        for cache_file in ds.cache_files:
+            with pa.OSFile(cache_file["filename"]) as handle:
+                yield from pa.ipc.open_stream(handle)
+    else:                       # held in memory, or a selection of rows
+        for table in ds.with_format("arrow").iter(BATCH_ROWS):
+            yield from table.to_batches()
+
+
+def texts(batch: pa.RecordBatch, name: str) -> list:
+    return batch.column(batch.schema.get_field_index(name)).to_pylist()
+
+
+class _Skipped:
+    """Rows skipped as malformed: how many, and the numbers of the first few (to show)."""
+
+    def __init__(self):
+        self.count, self.first = 0, []
+
+    def add(self, number: int) -> None:
+        self.count += 1
+        if len(self.first) < MALFORMED_LINES_SHOWN:
+            self.first.append(number)
+
+    def report(self, where: str, total: int, unit: str, what: str) -> None:
+        if self.count:
+            more = ", ..." if self.count > MALFORMED_LINES_SHOWN else ""
+            log.warning("%s: skipped %d of %d %s %s (%s %s%s)", where, self.count, total, unit,
+                        what, unit, ", ".join(map(str, self.first)), more)
+
+
+# --------------------------------------------------------------------------- reading
 
 def _local_file(path: str | None, what: str) -> str:
     if path and Path(path).is_dir():
@@ -56,23 +123,82 @@ def _local_file(path: str | None, what: str) -> str:
     return path
 
 
-def _report_skipped(where: str, bad_rows: list[int], total: int, unit: str, what: str) -> None:
-    if bad_rows:
-        shown = ", ".join(map(str, bad_rows[:MALFORMED_LINES_SHOWN]))
-        more = ", ..." if len(bad_rows) > MALFORMED_LINES_SHOWN else ""
-        log.warning("%s: skipped %d of %d %s %s (%s %s%s)", where, len(bad_rows), total, unit,
-                    what, unit, shown, more)
+def _lines(path: str, progress=None) -> Iterator[str]:
+    """The UTF-8 lines of a file (see textio.utf8_lines), advancing `progress` by bytes read."""
+    try:
+        with open(path, "rb") as handle:
+            read = 0
+            for number, line in enumerate(utf8_lines(handle, path), 1):
+                if progress is not None and number % BATCH_ROWS == 0:
+                    progress.update(handle.tell() - read)
+                    read = handle.tell()
+                yield line
+            if progress is not None:
+                progress.update(handle.tell() - read)
+    except OSError as exc:
+        raise TmtError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _load_tsv(cfg: DataConfig) -> datasets.Dataset:
+def _chunks(items: Iterable, size: int = BATCH_ROWS) -> Iterator[list]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _load_tsv(cfg: DataConfig, work: Path) -> datasets.Dataset:
     # Read as plain lines and split on the tab ourselves: a CSV reader would interpret the
     # quote characters that the Tatoeba file contains.
     path = _local_file(cfg.path, "data.path")
-    fields = [line.split("\t") for line in read_text_lines(path)]
-    _report_skipped(path, [i + 1 for i, f in enumerate(fields) if len(f) != 2], len(fields),
-                    "lines", "that are not 'source<TAB>target'")
-    good = [f for f in fields if len(f) == 2]
-    return datasets.Dataset.from_dict({"src": [f[0] for f in good], "tgt": [f[1] for f in good]})
+    skipped, total = _Skipped(), 0
+
+    def batches(progress) -> Iterator[dict[str, list[str]]]:
+        nonlocal total
+        for lines in _chunks(_lines(path, progress)):
+            src, tgt = [], []
+            for number, line in enumerate(lines, total + 1):
+                fields = line.split("\t")
+                if len(fields) == 2:
+                    src.append(fields[0])
+                    tgt.append(fields[1])
+                else:
+                    skipped.add(number)
+            total += len(lines)
+            yield {"src": src, "tgt": tgt}
+
+    with stage("reading", os.path.getsize(path), unit="B") as progress:
+        ds = write_pairs(work / "corpus.arrow", batches(progress))
+    if not total:
+        raise TmtError(f"{path} is empty: it holds no sentences")
+    skipped.report(path, total, "lines", "that are not 'source<TAB>target'")
+    return ds
+
+
+def _load_text_pair(cfg: DataConfig, work: Path) -> datasets.Dataset:
+    src_path = _local_file(cfg.src_path, "data.src_path")
+    tgt_path = _local_file(cfg.tgt_path, "data.tgt_path")
+    counts = {src_path: 0, tgt_path: 0}
+
+    def counted(path: str, progress) -> Iterator[str]:
+        for line in _lines(path, progress):
+            counts[path] += 1
+            yield line
+
+    def batches(progress) -> Iterator[dict[str, list[str]]]:
+        pairs = itertools.zip_longest(counted(src_path, progress), counted(tgt_path, progress))
+        for chunk in _chunks(pairs):
+            aligned = [(s, t) for s, t in chunk if s is not None and t is not None]
+            yield {"src": [s for s, _ in aligned], "tgt": [t for _, t in aligned]}
+
+    size = os.path.getsize(src_path) + os.path.getsize(tgt_path)
+    with stage("reading", size, unit="B") as progress:
+        ds = write_pairs(work / "corpus.arrow", batches(progress))
+    for path, count in counts.items():
+        if not count:
+            raise TmtError(f"{path} is empty: it holds no sentences")
+    if counts[src_path] != counts[tgt_path]:
+        raise TmtError(f"{src_path} has {counts[src_path]} lines but {tgt_path} has "
+                       f"{counts[tgt_path]}; the two files must be line-aligned")
+    return ds
 
 
 def _as_mapping(row: Any) -> dict:
@@ -86,38 +212,54 @@ def _as_mapping(row: Any) -> dict:
     return row if isinstance(row, dict) else {}
 
 
-def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str) -> datasets.Dataset:
+def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str,
+                             work: Path) -> datasets.Dataset:
     """Accept the opus_books schema {"translation": {src: ..., tgt: ...}} or flat src/tgt columns.
     Rows without a text in both languages are skipped and reported, as malformed TSV lines are."""
     columns = ds.column_names
-    if "translation" in columns:
-        rows = [_as_mapping(row) for row in column(ds, "translation")]
-        src = [row.get(cfg.src_lang) for row in rows]
-        tgt = [row.get(cfg.tgt_lang) for row in rows]
-        languages = sorted({lang for row in rows for lang, text in row.items()
-                            if text is not None})
-    elif cfg.src_lang in columns and cfg.tgt_lang in columns:
-        src, tgt = column(ds, cfg.src_lang), column(ds, cfg.tgt_lang)
-        languages = columns
-    else:
+    nested = "translation" in columns
+    if not nested and not (cfg.src_lang in columns and cfg.tgt_lang in columns):
         raise TmtError(f"{where}: expected a 'translation' column or columns '{cfg.src_lang}' and "
                        f"'{cfg.tgt_lang}', found: {', '.join(columns)}")
-    if not src:
+    if not len(ds):
         raise TmtError(f"{where} is empty: it holds no sentence pairs")
-    good = [isinstance(s, str) and isinstance(t, str) for s, t in zip(src, tgt)]
-    if not any(good):
+    skipped, languages = _Skipped(), set() if nested else set(columns)
+
+    def batches(progress) -> Iterator[dict[str, list[str]]]:
+        row_number = 0
+        for batch in record_batches(ds):
+            if nested:
+                rows = [_as_mapping(row) for row in texts(batch, "translation")]
+                src = [row.get(cfg.src_lang) for row in rows]
+                tgt = [row.get(cfg.tgt_lang) for row in rows]
+                languages.update(lang for row in rows for lang, text in row.items()
+                                 if text is not None)
+            else:
+                src, tgt = texts(batch, cfg.src_lang), texts(batch, cfg.tgt_lang)
+            good = {"src": [], "tgt": []}
+            for number, (s, t) in enumerate(zip(src, tgt), row_number + 1):
+                if isinstance(s, str) and isinstance(t, str):
+                    good["src"].append(s)
+                    good["tgt"].append(t)
+                else:
+                    skipped.add(number)
+            row_number += len(src)
+            progress.update(len(src))
+            yield good
+
+    with stage("reading", len(ds), unit="pairs") as progress:
+        out = write_pairs(work / "corpus.arrow", batches(progress))
+    if not len(out):
         absent = [lang for lang in (cfg.src_lang, cfg.tgt_lang) if lang not in languages]
         detail = (f"no language '{absent[0]}' in any row" if absent else
                   f"no row has a text in both '{cfg.src_lang}' and '{cfg.tgt_lang}'")
-        raise TmtError(f"{where}: {detail} (the rows have: {', '.join(languages) or 'none'}); "
-                       f"set data.src_lang / data.tgt_lang")
-    _report_skipped(where, [i + 1 for i, ok in enumerate(good) if not ok], len(good), "rows",
-                    f"with no text in '{cfg.src_lang}' or '{cfg.tgt_lang}'")
-    return datasets.Dataset.from_dict({"src": [s for s, ok in zip(src, good) if ok],
-                                       "tgt": [t for t, ok in zip(tgt, good) if ok]})
+        raise TmtError(f"{where}: {detail} (the rows have: {', '.join(sorted(languages)) or 'none'}"
+                       f"); set data.src_lang / data.tgt_lang")
+    skipped.report(where, len(ds), "rows", f"with no text in '{cfg.src_lang}' or '{cfg.tgt_lang}'")
+    return out
 
 
-def _load_structured(cfg: DataConfig, builder: str) -> datasets.Dataset:
+def _load_structured(cfg: DataConfig, builder: str, work: Path) -> datasets.Dataset:
     path = _local_file(cfg.path, "data.path")
     if os.path.getsize(path) == 0:
         raise TmtError(f"{path} is empty: it holds no sentence pairs")
@@ -127,16 +269,7 @@ def _load_structured(cfg: DataConfig, builder: str) -> datasets.Dataset:
         cause = exc.__cause__ or exc
         raise TmtError(f"{path}: cannot read as {builder} ({type(cause).__name__}: "
                        f"{str(cause).splitlines()[0] if str(cause) else 'no detail'})") from None
-    return _from_translation_column(ds, cfg, path)
-
-
-def _load_text_pair(cfg: DataConfig) -> datasets.Dataset:
-    src = read_text_lines(_local_file(cfg.src_path, "data.src_path"))
-    tgt = read_text_lines(_local_file(cfg.tgt_path, "data.tgt_path"))
-    if len(src) != len(tgt):
-        raise TmtError(f"{cfg.src_path} has {len(src)} lines but {cfg.tgt_path} has {len(tgt)}; "
-                       f"the two files must be line-aligned")
-    return datasets.Dataset.from_dict({"src": src, "tgt": tgt})
+    return _from_translation_column(ds, cfg, path, work)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -161,7 +294,7 @@ def _hub_offline() -> bool:
                for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
-def _load_hub(cfg: DataConfig) -> datasets.Dataset:
+def _load_hub(cfg: DataConfig, work: Path) -> datasets.Dataset:
     alternative = ("or train from a local file: --set data.source=tsv "
                    "--set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
     name = f"'{cfg.hub_name}' ({cfg.hub_config})"
@@ -179,59 +312,24 @@ def _load_hub(cfg: DataConfig) -> datasets.Dataset:
             raise TmtError(f"cannot load {name}: the hub is switched off (HF_HUB_OFFLINE / "
                            f"HF_DATASETS_OFFLINE) and it is not cached; " + alternative) from None
         raise TmtError(f"cannot load {name} from the hub: {text}; " + alternative) from None
-    return _from_translation_column(ds, cfg, cfg.hub_name)
+    return _from_translation_column(ds, cfg, cfg.hub_name, work)
 
 
-def load_corpus(cfg: DataConfig) -> datasets.Dataset:
-    """The raw corpus as a Dataset with columns `src` and `tgt` (not yet cleaned)."""
+def load_corpus(cfg: DataConfig, work: Path) -> datasets.Dataset:
+    """The raw corpus as an Arrow file in the folder `work`, opened as a Dataset with columns
+    `src` and `tgt` (not yet cleaned)."""
     datasets.disable_progress_bars()
+    work.mkdir(parents=True, exist_ok=True)
     if cfg.source == "hub":
-        return _load_hub(cfg)
+        return _load_hub(cfg, work)
     if cfg.source == "tsv":
-        return _load_tsv(cfg)
+        return _load_tsv(cfg, work)
     if cfg.source == "text":
-        return _load_text_pair(cfg)
-    return _load_structured(cfg, {"jsonl": "json", "parquet": "parquet"}[cfg.source])
+        return _load_text_pair(cfg, work)
+    return _load_structured(cfg, {"jsonl": "json", "parquet": "parquet"}[cfg.source], work)
 
 
 # --------------------------------------------------------------------------- cleaning
-
-def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[str], list[str]]:
-    """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate pairs with more
-    than `cfg.max_len` tokens on a side. Tokens are counted as the word-level tokenizer splits
-    text (a run of 30,000 punctuation marks is 30,000 tokens, not one word), so no pair kept
-    here encodes to more than max_len word-level tokens."""
-    seen = set()
-    out_src, out_tgt = [], []
-    empty = duplicates = too_long = 0
-    for s, t in zip(src, tgt):
-        s, t = normalize_text(s or ""), normalize_text(t or "")
-        if not s or not t:
-            empty += 1
-            continue
-        if (s, t) in seen:
-            duplicates += 1
-            continue
-        seen.add((s, t))
-        s_end, t_end = token_limit_end(s, cfg.max_len), token_limit_end(t, cfg.max_len)
-        if s_end is not None or t_end is not None:
-            too_long += 1
-            if cfg.long_sentences == "filter":
-                continue
-            s, t = s[:s_end].rstrip(), t[:t_end].rstrip()
-        out_src.append(s)
-        out_tgt.append(t)
-    action = "dropped" if cfg.long_sentences == "filter" else "truncated"
-    log.info("corpus: %d pairs read, %d empty dropped, %d duplicates dropped, %d longer than %d "
-             "tokens %s, %d kept", len(src), empty, duplicates, too_long, cfg.max_len, action,
-             len(out_src))
-    return out_src, out_tgt
-
-
-# --------------------------------------------------------------------------- splitting
-
-SPLIT_NAMES = ("train", "valid", "test")        # split codes 0, 1, 2 of `assign_splits`
-
 
 def sentence_keys(sentences: list[str]) -> np.ndarray:
     """A stable 64-bit key per sentence (BLAKE2b, not Python's per-process salted `hash`), so
@@ -242,6 +340,111 @@ def sentence_keys(sentences: list[str]) -> np.ndarray:
     return np.frombuffer(digests, dtype="<u8").copy()
 
 
+@dataclass
+class CleanBatch:
+    """One batch of pairs cleaned, row for row: texts normalised (truncated when
+    data.long_sentences is `truncate`), with what the decision which rows to keep needs."""
+    src: list[str]
+    tgt: list[str]
+    empty: np.ndarray         # bool: a side is empty after normalisation
+    too_long: np.ndarray      # bool: a side has more than data.max_len tokens
+    pair_keys: np.ndarray     # uint64 of the normalised pair, before truncation (duplicates)
+    src_keys: np.ndarray      # uint64 of the texts kept (the split joins pairs by these)
+    tgt_keys: np.ndarray
+
+
+def clean_batch(src: list, tgt: list, cfg: DataConfig) -> CleanBatch:
+    """Tokens are counted as the word-level tokenizer splits text (a run of 30,000 punctuation
+    marks is 30,000 tokens, not one word), so no pair kept encodes to more than max_len
+    word-level tokens."""
+    out_src, out_tgt, pairs, empty, too_long = [], [], [], [], []
+    for s, t in zip(src, tgt):
+        s, t = normalize_text(s or ""), normalize_text(t or "")
+        # normalize_text turns every control character into a space: NUL cannot occur in s.
+        pairs.append(f"{s}\0{t}")
+        empty.append(not s or not t)
+        s_end, t_end = token_limit_end(s, cfg.max_len), token_limit_end(t, cfg.max_len)
+        too_long.append(s_end is not None or t_end is not None)
+        if too_long[-1] and cfg.long_sentences == "truncate":
+            s, t = s[:s_end].rstrip(), t[:t_end].rstrip()
+        out_src.append(s)
+        out_tgt.append(t)
+    return CleanBatch(out_src, out_tgt, np.array(empty, dtype=bool),
+                      np.array(too_long, dtype=bool), sentence_keys(pairs),
+                      sentence_keys(out_src), sentence_keys(out_tgt))
+
+
+def kept_rows(empty: np.ndarray, too_long: np.ndarray, pair_keys: np.ndarray,
+              cfg: DataConfig) -> np.ndarray:
+    """Row numbers of the pairs to keep, in corpus order: empty pairs dropped, of exact
+    duplicates only the first occurrence, and pairs longer than max_len filtered (or kept
+    truncated)."""
+    candidates = np.flatnonzero(~empty)
+    _, first = np.unique(pair_keys[candidates], return_index=True)
+    unique = np.sort(candidates[first])
+    long = too_long[unique]
+    kept = unique[~long] if cfg.long_sentences == "filter" else unique
+    action = "dropped" if cfg.long_sentences == "filter" else "truncated"
+    log.info("corpus: %d pairs read, %d empty dropped, %d duplicates dropped, %d longer than %d "
+             "tokens %s, %d kept", len(empty), len(empty) - len(candidates),
+             len(candidates) - len(unique), int(long.sum()), cfg.max_len, action, len(kept))
+    return kept
+
+
+def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[str], list[str]]:
+    """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate pairs with more
+    than `cfg.max_len` tokens on a side: `clean_corpus` on pairs held in lists."""
+    cleaned = clean_batch(src, tgt, cfg)
+    rows = kept_rows(cleaned.empty, cleaned.too_long, cleaned.pair_keys, cfg)
+    return [cleaned.src[i] for i in rows], [cleaned.tgt[i] for i in rows]
+
+
+@dataclass
+class CleanCorpus:
+    pairs: datasets.Dataset   # every corpus row cleaned (WORK/clean.arrow), kept or not
+    rows: np.ndarray          # the rows kept, in corpus order
+    src_keys: np.ndarray      # sentence keys of the kept rows
+    tgt_keys: np.ndarray
+
+
+def clean_corpus(raw: datasets.Dataset, cfg: DataConfig, work: Path) -> CleanCorpus:
+    """`clean_pairs` over a corpus of any size, in batches; then the seeded sample of
+    data.max_pairs."""
+    # Filled batch by batch: 26 bytes a pair, the only per-pair memory of preparation.
+    arrays = {name: np.zeros(len(raw), dtype=bool) for name in ("empty", "too_long")}
+    arrays.update({name: np.zeros(len(raw), dtype=np.uint64)
+                   for name in ("pair_keys", "src_keys", "tgt_keys")})
+
+    def batches(progress) -> Iterator[dict[str, list[str]]]:
+        start = 0
+        for batch in record_batches(raw):
+            cleaned = clean_batch(texts(batch, "src"), texts(batch, "tgt"), cfg)
+            for name, array in arrays.items():
+                array[start:start + batch.num_rows] = getattr(cleaned, name)
+            start += batch.num_rows
+            progress.update(batch.num_rows)
+            yield {"src": cleaned.src, "tgt": cleaned.tgt}
+
+    with stage("cleaning", len(raw)) as progress:
+        pairs = write_pairs(work / "clean.arrow", batches(progress))
+        rows = kept_rows(arrays["empty"], arrays["too_long"], arrays["pair_keys"], cfg)
+    if not len(rows):
+        where = cfg.path or cfg.src_path or cfg.hub_name
+        raise TmtError(f"{where}: no usable sentence pairs after cleaning (all empty, malformed "
+                       f"or filtered); check the file and data.src_lang / data.tgt_lang")
+    if cfg.max_pairs is not None and cfg.max_pairs < len(rows):
+        # A seeded random sample rather than the first N: corpora such as Tatoeba are
+        # sorted by length, so their head holds only the shortest sentences.
+        # random.sample (not numpy) keeps the sample, and so the split, of runs made before;
+        # it holds k Python ints (a pool of len(rows) only when k is near it), briefly.
+        sample = random.Random(cfg.seed).sample(range(len(rows)), cfg.max_pairs)
+        rows = rows[np.sort(np.array(sample, dtype=np.int64))]
+        log.info("data.max_pairs: a seeded sample of %d pairs kept", len(rows))
+    return CleanCorpus(pairs, rows, arrays["src_keys"][rows], arrays["tgt_keys"][rows])
+
+
+# --------------------------------------------------------------------------- splitting
+
 def connected_components(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
     """Component id (0..C-1) per pair: two pairs are connected when they share a source key or a
     target key, directly or through other pairs.
@@ -250,10 +453,12 @@ def connected_components(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarr
     string in both languages is two nodes), pairs are edges. Each round hooks the larger root
     of every edge under the smaller one, then compresses paths fully; parent[x] <= x always
     holds, so no cycle can form. A few dozen rounds suffice even for long chains."""
-    src_node = np.unique(src_keys, return_inverse=True)[1].reshape(-1)
-    tgt_node = np.unique(tgt_keys, return_inverse=True)[1].reshape(-1)
-    tgt_node = tgt_node + (src_node.max() + 1 if len(src_node) else 0)
-    parent = np.arange(int(tgt_node.max()) + 1 if len(tgt_node) else 0)
+    # 32-bit node numbers while they fit: half the memory of every array below.
+    node_type = np.int32 if 2 * len(src_keys) < np.iinfo(np.int32).max else np.int64
+    src_node = np.unique(src_keys, return_inverse=True)[1].reshape(-1).astype(node_type)
+    tgt_node = np.unique(tgt_keys, return_inverse=True)[1].reshape(-1).astype(node_type)
+    tgt_node += src_node.max() + 1 if len(src_node) else 0
+    parent = np.arange(int(tgt_node.max()) + 1 if len(tgt_node) else 0, dtype=node_type)
     while True:
         root_a, root_b = parent[src_node], parent[tgt_node]
         apart = root_a != root_b
@@ -312,8 +517,10 @@ def assign_splits(src_keys: np.ndarray, tgt_keys: np.ndarray, valid_size: int, t
     return splits
 
 
+
 def split_by_component(src: list[str], tgt: list[str], cfg: DataConfig) -> Splits:
-    """Seeded split in which no source sentence and no target sentence is in two splits.
+    """Seeded split in which no source sentence and no target sentence is in two splits, of
+    pairs held in lists (`split_corpus` is the same over a corpus of any size).
 
     Splitting by source sentence alone is not enough: Tatoeba often has several English
     sentences with one Italian translation, so the test split's references would occur among
@@ -329,35 +536,68 @@ def split_by_component(src: list[str], tgt: list[str], cfg: DataConfig) -> Split
     return Splits(train=build(0), valid=build(1), test=build(2))
 
 
-def prepare_splits(cfg: DataConfig) -> Splits:
-    """Load, clean, optionally subsample, and split the corpus."""
-    raw = load_corpus(cfg)
-    src, tgt = clean_pairs(column(raw, "src"), column(raw, "tgt"), cfg)
-    if not src:
-        where = cfg.path or cfg.src_path or cfg.hub_name
-        raise TmtError(f"{where}: no usable sentence pairs after cleaning (all empty, malformed "
-                       f"or filtered); check the file and data.src_lang / data.tgt_lang")
-    if cfg.max_pairs is not None and cfg.max_pairs < len(src):
-        # A seeded random sample rather than the first N: corpora such as Tatoeba are
-        # sorted by length, so their head holds only the shortest sentences.
-        keep = sorted(random.Random(cfg.seed).sample(range(len(src)), cfg.max_pairs))
-        src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
-    return split_by_component(src, tgt, cfg)
+def split_corpus(clean: CleanCorpus, cfg: DataConfig, directory: Path) -> Splits:
+    """Split the kept pairs as `split_by_component` does and write each split to
+    directory/{train,valid,test} in one streamed pass, in the layout of Dataset.save_to_disk
+    (pairs in corpus order)."""
+    with stage("splitting", len(clean.pairs)) as progress:
+        codes = assign_splits(clean.src_keys, clean.tgt_keys, cfg.valid_size, cfg.test_size,
+                              cfg.seed)
+        split_of_row = np.full(len(clean.pairs), -1, dtype=np.int8)
+        split_of_row[clean.rows] = codes
+        writers = []
+        for name in SPLIT_NAMES:
+            (directory / name).mkdir(parents=True)
+            writers.append(ArrowWriter(features=PAIR_FEATURES, path=str(directory / name /
+                                                                          SPLIT_FILE)))
+        start = 0
+        for batch in record_batches(clean.pairs):
+            here = split_of_row[start:start + batch.num_rows]
+            for code, writer in enumerate(writers):
+                chosen = here == code
+                if chosen.any():
+                    writer.write_table(pa.Table.from_batches([batch.filter(pa.array(chosen))]))
+            start += batch.num_rows
+            progress.update(batch.num_rows)
+        for name, writer in zip(SPLIT_NAMES, writers):
+            writer.finalize()
+            writer.close()
+            _describe_split_folder(directory / name, name)
+    return load_splits(directory, check_train=False)
 
 
-def save_splits(splits: Splits, directory: Path) -> None:
-    for name, ds in splits.items():
-        ds.save_to_disk(str(directory / name))
+def _describe_split_folder(folder: Path, name: str) -> None:
+    """The two files beside the Arrow data that make `folder` what Dataset.save_to_disk writes,
+    so that datasets.load_from_disk opens it (and runs from before stay readable)."""
+    datasets.DatasetInfo(features=PAIR_FEATURES).write_to_directory(str(folder))
+    state = {"_data_files": [{"filename": SPLIT_FILE}], "_fingerprint": f"tmt-split-{name}",
+             "_format_columns": None, "_format_kwargs": {}, "_format_type": None,
+             "_output_all_columns": False, "_split": None}
+    (folder / "state.json").write_text(json.dumps(state, indent=2), encoding="utf-8")
 
 
-def load_split(path: Path) -> datasets.Dataset:
-    """One split saved by `save_splits`, checked whole: a damaged one ends in a TmtError naming it
-    rather than in a crash later, halfway through an epoch."""
+def prepare_splits(cfg: DataConfig, directory: Path) -> Splits:
+    """Read, clean, optionally subsample and split the corpus into directory/{train,valid,test};
+    the intermediate Arrow files (in directory/.corpus) are removed once the splits are
+    written."""
+    work = directory / ".corpus"
+    try:
+        raw = load_corpus(cfg, work)
+        return split_corpus(clean_corpus(raw, cfg, work), cfg, directory)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def load_split(path: Path, check_contents: bool = True) -> datasets.Dataset:
+    """One split written by `split_corpus` (or saved by an older tmt), checked whole unless
+    `check_contents` is false: a damaged one ends in a TmtError naming it rather than in a crash
+    later, halfway through an epoch. Training reads the train split's token store, not its
+    text, so a start need not read that text through."""
     try:
         ds = datasets.load_from_disk(str(path))
         if not isinstance(ds, datasets.Dataset) or not {"src", "tgt"} <= set(ds.column_names):
             raise ValueError("not a split with 'src' and 'tgt' columns")
-        ds.data.validate(full=True)
+        ds.data.validate(full=check_contents)
     # datasets and Arrow raise many types (JSON, Arrow, OS, key errors) for damaged files; all
     # mean the same to the user.
     except Exception as exc:
@@ -367,5 +607,6 @@ def load_split(path: Path) -> datasets.Dataset:
     return ds
 
 
-def load_splits(directory: Path) -> Splits:
-    return Splits(**{name: load_split(directory / name) for name in ("train", "valid", "test")})
+def load_splits(directory: Path, check_train: bool = True) -> Splits:
+    return Splits(**{name: load_split(directory / name, check_train or name != "train")
+                     for name in SPLIT_NAMES})

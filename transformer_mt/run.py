@@ -1,9 +1,15 @@
-"""The data a run owns: its frozen split, its tokenizers and the encoded ids (the directory's
-layout, ownership and lock are in rundir.py).
+"""The data a run owns, from the corpus to token ids on disk (data.py reads, cleans and splits
+the corpus; the run directory's layout, ownership and lock are in rundir.py):
 
-Saving the split makes a resumed run independent of the corpus source: it continues on exactly
-the data it started with, even if the hub is unreachable or the file changed. A resume never
-splits or tokenizes the corpus again.
+    corpus -> data.prepare_splits -> data/{train,valid,test}      (frozen split, Arrow)
+           -> tokenizers/{src,tgt}.json                           (trained on the train split)
+           -> data/ids/{train,valid}                              (token ids, memory-mapped)
+
+Each stage streams its input in batches, so preparation needs memory for a batch and a few
+arrays of per-pair keys, not for the corpus. Saving the split makes a resumed run independent of
+the corpus source: it continues on exactly the data it started with, even if the hub is
+unreachable or the file changed. A resume never reads the corpus, splits or tokenizes again: it
+maps the token stores.
 """
 
 from __future__ import annotations
@@ -13,14 +19,16 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import datasets
+import numpy as np
 
-from .batching import EncodedPairs, encode_split
 from .checkpoint import Checkpoint
 from .config import Config
-from .data import Splits, column, load_split, load_splits, prepare_splits, save_splits
+from .data import Splits, load_split, load_splits, prepare_splits, record_batches, texts
 from .errors import TmtError
+from .progress import stage
 
 # RunDir and the run lookups lived here before rundir.py; they are still imported from here.
 from .rundir import (  # noqa: F401
@@ -33,22 +41,26 @@ from .rundir import (  # noqa: F401
     latest_run,
     run_of_checkpoint,
 )
+from .token_store import TokenStore, write_token_store
 from .tokenizer import TextCodec, train_tokenizer
 
 log = logging.getLogger(__name__)
 
+ENCODED_SPLITS = ("train", "valid")       # test is translated from its text by tmt evaluate
+
 
 @dataclass
 class RunData:
-    splits: Splits
+    splits: Splits                # the texts: valid's are translated at validation
     src_codec: TextCodec
     tgt_codec: TextCodec
-    train: EncodedPairs
-    valid: EncodedPairs
+    train: TokenStore             # the ids training and validation loss read
+    valid: TokenStore
 
 
 def prepare_data(cfg: Config, run: RunDir) -> None:
-    """Create the run's split and tokenizers unless it has them (its run.json says so).
+    """Create the run's split, tokenizers and token ids unless it has them (its run.json says
+    so).
 
     Everything is written to a staging folder first and moved into place, run.json last, so a run
     killed half-way through leaves only tmt-named partial state, which the next start removes
@@ -56,37 +68,81 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
     if run.marker.is_file():
         return
     identity = fingerprint(cfg)       # the corpus as it is now, before it is read
-    splits = prepare_splits(cfg.data)
-    log.info("split: %d train, %d valid, %d test pairs (no sentence in two splits)",
-             len(splits.train), len(splits.valid), len(splits.test))
     staging = fresh_staging(run)
     try:
-        save_splits(splits, staging / "data")
-        _train_tokenizers(cfg, splits, staging / "tokenizers")
+        splits = prepare_splits(cfg.data, staging / run.data.name)
+        log.info("split: %d train, %d valid, %d test pairs (no sentence in two splits)",
+                 len(splits.train), len(splits.valid), len(splits.test))
+        codecs = _train_tokenizers(cfg, splits.train, staging / run.tokenizers.name)
+        for name in ENCODED_SPLITS:
+            encode_split(getattr(splits, name), *codecs,
+                         staging / run.ids.relative_to(run.path) / name)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     commit_staging(run, identity)
 
 
-def _train_tokenizers(cfg: Config, splits: Splits, directory: Path) -> None:
+def _sentence_batches(train: datasets.Dataset, side: str, rows: np.ndarray | None,
+                      progress) -> Iterator[list[str]]:
+    """One side of the train split, streamed in batches (the tokenizer trainer takes a list at a
+    time much faster than one string at a time); only `rows` (sorted) when given."""
+    start = 0
+    for batch in record_batches(train):
+        side_texts = texts(batch, side)
+        if rows is not None:
+            here = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + len(side_texts))]
+            side_texts = [side_texts[i - start] for i in here.tolist()]
+        start += batch.num_rows
+        progress.update(len(side_texts))
+        yield side_texts
+
+
+def _train_tokenizers(cfg: Config, train: datasets.Dataset,
+                      directory: Path) -> tuple[TextCodec, TextCodec]:
     directory.mkdir(parents=True)
+    rows = None
+    if cfg.tokenizer.sample_pairs is not None and cfg.tokenizer.sample_pairs < len(train):
+        rows = np.sort(np.random.default_rng(cfg.data.seed).choice(
+            len(train), cfg.tokenizer.sample_pairs, replace=False))
+    pairs = len(train) if rows is None else len(rows)
     # Trained on the train split only: valid/test words must not leak into the vocabulary.
     if cfg.tokenizer.joint:
         # One vocabulary learnt from both languages, saved under both names so that everything
         # downstream reads a run the same way whatever the tokenizer type.
-        both_sides = column(splits.train, "src") + column(splits.train, "tgt")
-        codec = TextCodec(train_tokenizer(both_sides, cfg.tokenizer))
+        with stage("tokenizer training", 2 * pairs, unit="sentences") as progress:
+            both_sides = (batch for side in ("src", "tgt")
+                          for batch in _sentence_batches(train, side, rows, progress))
+            codec = TextCodec(train_tokenizer(both_sides, cfg.tokenizer))
         for side in ("src", "tgt"):
             codec.save(directory / f"{side}.json")
-        log.info("joint %s tokenizer: %d subwords (trained on both sides)", cfg.tokenizer.type,
-                 codec.vocab_size)
-    else:
+        log.info("joint %s tokenizer: %d subwords (trained on both sides of %d pairs)",
+                 cfg.tokenizer.type, codec.vocab_size, pairs)
+        return codec, codec
+    codecs = []
+    with stage("tokenizer training", 2 * pairs, unit="sentences") as progress:
         for side in ("src", "tgt"):
-            codec = TextCodec(train_tokenizer(splits.train[side], cfg.tokenizer))
+            codec = TextCodec(train_tokenizer(_sentence_batches(train, side, rows, progress),
+                                              cfg.tokenizer))
             codec.save(directory / f"{side}.json")
-            log.info("%s tokenizer: %d words (min_frequency %d)", side, codec.vocab_size,
-                     cfg.tokenizer.min_frequency)
+            log.info("%s tokenizer: %d words (min_frequency %d, %d pairs)", side,
+                     codec.vocab_size, cfg.tokenizer.min_frequency, pairs)
+            codecs.append(codec)
+    return codecs[0], codecs[1]
+
+
+def encode_split(split: datasets.Dataset, src_codec: TextCodec, tgt_codec: TextCodec,
+                 path: Path) -> TokenStore:
+    """Tokenize a split batch by batch into a new token store at `path`."""
+    def batches(progress):
+        for batch in record_batches(split):
+            yield (src_codec.encode_batch(texts(batch, "src")),
+                   tgt_codec.encode_batch(texts(batch, "tgt")))
+            progress.update(batch.num_rows)
+
+    with stage(f"encoding {path.name}", len(split)) as progress:
+        return write_token_store(path, batches(progress), src_codec.vocab_size,
+                                 tgt_codec.vocab_size)
 
 
 def restore_tokenizers(run: RunDir, checkpoint: Checkpoint) -> None:
@@ -123,13 +179,31 @@ def restore_tokenizers(run: RunDir, checkpoint: Checkpoint) -> None:
 
 
 def load_data(run: RunDir) -> RunData:
-    """The run's split, tokenizers and encoded ids (tokenized once, then read from the cache)."""
-    splits = load_splits(run.data)
+    """The run's split, tokenizers and token stores. A store is written at preparation; one that
+    is missing (a run prepared by an older tmt, or deleted) is encoded once from the saved
+    split, never from the corpus."""
+    splits = load_splits(run.data, check_train=False)
     src_codec = TextCodec.load(run.tokenizers / "src.json")
     tgt_codec = TextCodec.load(run.tokenizers / "tgt.json")
-    encoded = {name: EncodedPairs(encode_split(ds, src_codec, tgt_codec))
-               for name, ds in (("train", splits.train), ("valid", splits.valid))}
-    return RunData(splits, src_codec, tgt_codec, encoded["train"], encoded["valid"])
+    stores = {name: _token_store(run.ids / name, getattr(splits, name), src_codec, tgt_codec)
+              for name in ENCODED_SPLITS}
+    return RunData(splits, src_codec, tgt_codec, stores["train"], stores["valid"])
+
+
+def _token_store(path: Path, split: datasets.Dataset, src_codec: TextCodec,
+                 tgt_codec: TextCodec) -> TokenStore:
+    """The split's token store; encoded from the split when missing, and again when damaged (it
+    is derived data that tmt wrote, in a folder of its own)."""
+    if path.is_dir() and not path.is_symlink():
+        try:
+            return TokenStore(path)
+        except TmtError as exc:
+            log.warning("%s; encoding the saved split again", exc)
+            shutil.rmtree(path)
+    elif not path.exists():
+        log.warning("no token store %s (a run prepared by an older tmt?); encoding the saved "
+                    "split once", path)
+    return encode_split(split, src_codec, tgt_codec, path)
 
 
 def load_test_split(run: RunDir) -> datasets.Dataset:

@@ -3,7 +3,8 @@
     runs/<name>/
       run.json               written last once the data is prepared: what made the split
       config.yaml            resolved config of the latest start or accepted resume
-      data/{train,valid,test}/   the frozen split (datasets on disk, encoded ids cached beside)
+      data/{train,valid,test}/   the frozen split (datasets on disk)
+      data/ids/{train,valid}/    their token ids, memory-mapped (token_store.py)
       tokenizers/{src,tgt}.json  (the same file twice for a joint BPE vocabulary)
       checkpoints/last.pt, best.pt, stepNNNNNNNN.pt, average_*.pt (tmt average)
       tensorboard/  eval/  train.log
@@ -48,6 +49,10 @@ class RunDir:
     @property
     def data(self) -> Path:
         return self.path / "data"
+
+    @property
+    def ids(self) -> Path:
+        return self.data / "ids"
 
     @property
     def tokenizers(self) -> Path:

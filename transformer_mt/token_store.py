@@ -33,7 +33,7 @@ FORMAT = 1
 HEADER = "header.json"
 SIDES = ("src", "tgt")
 # Positions an example occupies in a batch beyond its ids: [SOS] src [EOS] on the source side,
-# [SOS] tgt (or tgt [EOS]) on the target side (as EncodedPairs.lengths()).
+# [SOS] tgt (or tgt [EOS]) on the target side.
 SPECIAL_POSITIONS = {"src": 2, "tgt": 1}
 
 IdRows = Sequence[Sequence[int]]
@@ -123,8 +123,7 @@ def _fsync_directory(directory: Path) -> None:
 
 class TokenStore(Dataset):
     """A written store as a torch Dataset: item i is (src_ids, tgt_ids), two read-only numpy
-    slices of the mapped files (no copy), without special tokens; the interface of
-    `batching.EncodedPairs`.
+    slices of the mapped files (no copy), without special tokens.
 
     The files are mapped lazily in each process and the mapping is left out of the pickle, so
     a DataLoader worker receives a path and a header, not the corpus."""

@@ -22,7 +22,7 @@ from torch.utils.data import Dataset, Subset
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from .batching import Batch, Collator, EncodedPairs, TokenBatchSampler, make_loader
+from .batching import Batch, Collator, TokenBatchSampler, make_loader
 from .checkpoint import (
     Checkpoint,
     TrainState,
@@ -57,6 +57,7 @@ from .resume import check_resume_config
 from .run import RunData, RunDir, load_data, prepare_data, restore_tokenizers
 from .rundir import claim_for_training
 from .stopping import StopRequest
+from .token_store import TokenStore
 from .train_step import StepResult, TrainStep, learning_rate
 from .translator import Translator
 from .validation import ValidationResult, Validator, log_validation
@@ -72,7 +73,7 @@ class StopReason(enum.Enum):
     SIGNAL = "signal"          # SIGINT/SIGTERM: a checkpoint is saved, resume later
 
 
-def trainable_pairs(pairs: EncodedPairs, max_len: int) -> tuple[Dataset, np.ndarray]:
+def trainable_pairs(pairs: TokenStore, max_len: int) -> tuple[Dataset, np.ndarray]:
     """The training pairs with at most `max_len` tokens on each side, and their batch lengths.
 
     The corpus was filtered by word-level tokens already; subword (BPE) encodings can be longer,

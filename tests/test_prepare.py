@@ -1,0 +1,144 @@
+"""A run's data path end to end (run.py over data.py): corpus -> split -> tokenizers -> token ids."""
+
+import itertools
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, sample_pairs
+
+from transformer_mt.config import config_from_dict
+from transformer_mt.data import clean_pairs, column
+from transformer_mt.run import RunDir, load_data, prepare_data
+
+# The summary line scripts/bench_data.py reads from train.log.
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_data import STAGE_LINE  # noqa: E402
+
+LONG = "word " * 50
+
+
+def _corpus(path: Path) -> Path:
+    """Real pairs, with what cleaning must deal with: exact duplicates, duplicates that differ
+    only in white space, an empty side, a pair too long, two lines that are not pairs."""
+    pairs = sample_pairs(600, seed=5)
+    lines = ([f"{s}\t{t}" for s, t in pairs] + [f"{s}\t{t}" for s, t in pairs[:40]]
+             + [f" {s}  \t{t}" for s, t in pairs[40:50]]
+             + ["no tab here", "a\tb\tc", " \tvuoto", f"{LONG}\tparola"])
+    random.Random(0).shuffle(lines)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def _config(corpus: Path, **tokenizer):
+    return config_from_dict({"data": {"source": "tsv", "path": str(corpus), "valid_size": 30,
+                                      "test_size": 30, "max_len": 20},
+                             "tokenizer": {"min_frequency": 1, **tokenizer}})
+
+
+def _prepared(tmp_path: Path, name: str, cfg) -> RunDir:
+    run = RunDir(tmp_path / name)
+    run.path.mkdir()
+    prepare_data(cfg, run)
+    return run
+
+
+def _files(run: RunDir) -> dict[str, bytes]:
+    return {str(path.relative_to(run.path)): path.read_bytes()
+            for folder in (run.data, run.tokenizers) for path in sorted(folder.rglob("*"))
+            if path.is_file()}
+
+
+def test_prepared_splits_are_disjoint_cleaned_and_reproducible(tmp_path, caplog):
+    corpus = _corpus(tmp_path / "c.tsv")
+    cfg = _config(corpus)
+    run = _prepared(tmp_path, "a", cfg)
+    data = load_data(run)
+    splits = {name: list(zip(column(ds, "src"), column(ds, "tgt")))
+              for name, ds in data.splits.items()}
+    for side in (0, 1):            # no English and no Italian sentence in two splits
+        for a, b in itertools.combinations(splits.values(), 2):
+            assert not {p[side] for p in a} & {p[side] for p in b}
+    kept = [pair for pairs in splits.values() for pair in pairs]
+    fields = [line.split("\t") for line in corpus.read_text().splitlines()]
+    good = [f for f in fields if len(f) == 2]
+    assert sorted(kept) == sorted(zip(*clean_pairs([f[0] for f in good], [f[1] for f in good],
+                                                   cfg.data)))
+    assert len(kept) == len(set(kept)) and not any(s.startswith("word word") for s, _ in kept)
+    assert "skipped 2 of" in caplog.text
+    assert _files(_prepared(tmp_path, "b", cfg)) == _files(run)       # same bytes, same seed
+
+
+def test_token_stores_hold_the_tokenizers_encodings(tmp_path):
+    data = load_data(_prepared(tmp_path, "run", _config(_corpus(tmp_path / "c.tsv"))))
+    for name in ("train", "valid"):
+        split, store = getattr(data.splits, name), getattr(data, name)
+        src = data.src_codec.encode_batch(column(split, "src"))
+        tgt = data.tgt_codec.encode_batch(column(split, "tgt"))
+        assert len(store) == len(split) == len(src)
+        assert all(store[i][0].tolist() == src[i] and store[i][1].tolist() == tgt[i]
+                   for i in range(len(store)))
+        assert store.header["src"]["dtype"] == "uint16"
+
+
+def test_a_missing_store_is_rebuilt_from_the_saved_split_not_the_corpus(tmp_path):
+    corpus = _corpus(tmp_path / "c.tsv")
+    run = _prepared(tmp_path, "run", _config(corpus))
+    before = _files(run)
+    for path in (run.ids / "train").iterdir():
+        path.unlink()
+    (run.ids / "train").rmdir()
+    corpus.unlink()
+    load_data(run)
+    assert _files(run) == before
+
+
+def test_every_stage_logs_its_time_and_a_sample_trains_the_tokenizers(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    corpus = _corpus(tmp_path / "c.tsv")
+    full = load_data(_prepared(tmp_path, "full", _config(corpus)))
+    stages = {m["name"] for m in STAGE_LINE.finditer(caplog.text) if m["peak_mb"]}
+    assert stages >= {"reading", "cleaning", "splitting", "tokenizer training", "encoding train",
+                      "encoding valid"}
+    sampled = [load_data(_prepared(tmp_path, name, _config(corpus, sample_pairs=50)))
+               for name in ("s1", "s2")]
+    assert sampled[0].src_codec.to_str() == sampled[1].src_codec.to_str()    # seeded
+    assert sampled[0].src_codec.vocab_size < full.src_codec.vocab_size / 2
+    assert len(sampled[0].train) == len(full.train)      # only the tokenizers see a sample
+
+
+# Peak RSS of preparation (split, tokenizers, ids) above what the process holds after its imports,
+# on the 200k pairs below: 264 MB when every stage held the corpus in Python lists (tmt before
+# issue 14), 70 MB streamed; 1.15 GB a million pairs and growing in the old design.
+PREPARE_RSS_BOUND_MB = 150
+MEASURE = """
+import resource, sys
+from pathlib import Path
+from transformer_mt.config import config_from_dict
+from transformer_mt.run import RunDir, load_data, prepare_data
+imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+cfg = config_from_dict({"data": {"source": "tsv", "path": sys.argv[1], "valid_size": 100,
+                                 "test_size": 100}, "tokenizer": {"min_frequency": 1}})
+run = RunDir(Path(sys.argv[2]))
+run.path.mkdir()
+prepare_data(cfg, run)
+data = load_data(run)
+print(len(data.train), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - imported) // 1024)
+"""
+
+
+def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
+    pairs, rng = sample_pairs(600), random.Random(0)
+    corpus = tmp_path / "big.tsv"
+    with open(corpus, "w", encoding="utf-8") as out:
+        for _ in range(200_000):           # two pairs joined: ~150k distinct, longer sentences
+            (a, b), (c, d) = rng.choice(pairs), rng.choice(pairs)
+            out.write(f"{a} {c}\t{b} {d}\n")
+    result = subprocess.run([sys.executable, "-c", MEASURE, str(corpus), str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr
+    train_pairs, grown_mb = map(int, result.stdout.split())
+    assert train_pairs > 100_000
+    assert grown_mb < PREPARE_RSS_BOUND_MB, f"preparation grew RSS by {grown_mb} MB"
