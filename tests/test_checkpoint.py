@@ -105,3 +105,10 @@ def test_a_non_finite_validation_score_is_never_the_best():
     assert state.record_validation(0.0) and state.best_step == 4
     state.step = 8
     assert not state.record_validation(0.0) and state.validation_bleu == {4: 0.0, 8: 0.0}
+
+
+def test_a_checkpoint_without_the_full_training_state_has_none_to_resume_from():
+    from transformer_mt.checkpoint import unpack
+
+    partial = unpack({"model": {}, "config": {}, "step": 10, "optimizer": {"unused": 1}})
+    assert partial.train is None and partial.optimizer is None and partial.step == 10

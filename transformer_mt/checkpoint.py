@@ -137,6 +137,10 @@ def pack(checkpoint: Checkpoint) -> dict:
     return state
 
 
+# What a training checkpoint holds beyond the weights, config and tokenizers.
+RESUME_KEYS = (*TrainState().state_dict(), "optimizer", "rng")
+
+
 def unpack(state: dict) -> Checkpoint:
     """The inverse of `pack`, for a dict that load_checkpoint accepted. Checkpoints written
     before the learning rate became a function of the step also hold a "scheduler" entry:
@@ -145,7 +149,7 @@ def unpack(state: dict) -> Checkpoint:
                             tokenizers=state.get("tokenizers") or {},
                             vocab=state.get("vocab") or {}, step=state.get("step"),
                             epoch=state.get("epoch"), averaged_from=state.get("averaged_from"))
-    if "optimizer" in state:
+    if all(key in state for key in RESUME_KEYS):
         checkpoint.train = TrainState()
         checkpoint.train.load_state_dict(state)
         checkpoint.optimizer = state["optimizer"]

@@ -114,6 +114,10 @@ def _train(cfg: Config, run: RunDir, resume: bool, info: DistInfo, device_name: 
     checkpoint, changes = None, []
     if resume:
         checkpoint = read_checkpoint(run.last)
+        if checkpoint.train is None:
+            raise TmtError(f"{run.last} holds no training state (optimizer, counters, random "
+                           f"states), so the run cannot resume from it; restore the last.pt that "
+                           f"training wrote")
         changes = check_resume_config(cfg, checkpoint)
         max_steps = cfg.train.max_steps
         if max_steps is not None and checkpoint.step >= max_steps:
