@@ -83,7 +83,7 @@ def test_unknown_language_pair(tmp_path):
         run_tmt("train", "--config", _config(tmp_path, text), "--run-dir", str(tmp_path / "r")))
 
 
-def test_unknown_hub_dataset(monkeypatch):
+def test_unknown_hub_dataset(monkeypatch, tmp_path):
     import datasets
 
     from transformer_mt import data
@@ -95,7 +95,7 @@ def test_unknown_hub_dataset(monkeypatch):
     monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(datasets, "load_dataset", not_found)
     with pytest.raises(TmtError, match="cannot load 'nobody/nothing'.*doesn't exist"):
-        load_corpus(DataConfig(source="hub", hub_name="nobody/nothing"))
+        load_corpus(DataConfig(source="hub", hub_name="nobody/nothing"), tmp_path)
 
 
 def test_run_directory_not_writable(tmp_path, tiny_config):

@@ -75,7 +75,7 @@ def test_a_resume_reads_no_corpus_and_prepares_nothing(tmp_path, corpus_tsv, unb
     assert first.returncode == 0, first.stderr
     prepared = (run_dir / "train.log").read_text().count("stage ")
     corpus.unlink()
-    second = run_tmt("train", "--run-dir", str(run_dir), "--resume")
+    second = run_tmt("train", "--run-dir", str(run_dir), "--resume", "--max-steps", str(STEPS))
     assert second.returncode == 0, second.stderr
     assert (run_dir / "train.log").read_text().count("stage ") == prepared   # nothing redone
     _assert_same_training_state(_final_state(run_dir), unbroken)
