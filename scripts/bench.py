@@ -93,11 +93,11 @@ def read_pairs(path: Path, max_lines: int | None, seed: int) -> tuple[list[str],
     it), or a synthetic corpus of Tatoeba-like lengths when the file is absent."""
     if path.is_file():
         data_cfg = DataConfig(source="tsv", path=str(path), max_len=40)
-        corpus = load_corpus(data_cfg)
-        if max_lines is not None and max_lines < len(corpus):
-            rows = random.Random(seed).sample(range(len(corpus)), max_lines)
-            corpus = corpus.select(rows).flatten_indices()     # column() reads the Arrow table
-        src, tgt = clean_pairs(column(corpus, "src"), column(corpus, "tgt"), data_cfg)
+        with tempfile.TemporaryDirectory(prefix="bench.") as work:
+            corpus = load_corpus(data_cfg, Path(work))
+            if max_lines is not None and max_lines < len(corpus):
+                corpus = corpus.select(random.Random(seed).sample(range(len(corpus)), max_lines))
+            src, tgt = clean_pairs(column(corpus, "src"), column(corpus, "tgt"), data_cfg)
         return src, tgt, str(path)
     rng = random.Random(seed)
     words = [f"w{i}" for i in range(20000)]

@@ -64,8 +64,9 @@ class Splits:
 
 def column(ds: datasets.Dataset, name: str) -> list:
     """A column as a Python list (through Arrow: much faster than iterating the Dataset); only
-    for splits that fit in memory (valid, test)."""
-    return ds.data.column(name).to_pylist()
+    for splits that fit in memory (valid, test). Read through the arrow format, not `ds.data`,
+    so that a `select`ed dataset gives its selected rows, not its whole table."""
+    return ds.with_format("arrow")[name].to_pylist()
 
 
 def write_pairs(path: Path, batches: Iterable[dict[str, list[str]]]) -> datasets.Dataset:
