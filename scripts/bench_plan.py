@@ -1,5 +1,5 @@
 """Benchmark: the batch plan of N random pair lengths (default 10 M), vectorised against the
-per-example loop it replaced (the reference kept in tests/test_batch_plan.py); checks that both
+per-example loop it replaced (the reference kept in tests/unit/test_batch_plan.py); checks that both
 give the same plan.
 
     python scripts/bench_plan.py [N]
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
 
 from test_batch_plan import reference_plan  # noqa: E402
 

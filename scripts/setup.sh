@@ -16,7 +16,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     pip_quiet $TORCH_SPEC
 fi
 pip_quiet -e ".[dev]"
-# Headless Chromium for the web-page test (tests/test_web_page.py, which skips without it):
+# Headless Chromium for the web-page test (tests/e2e/test_web_page.py, which skips without it):
 # installed only where we are root with apt and no Chromium is present yet.
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null \
         && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then

@@ -1,13 +1,11 @@
 import dataclasses
-from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
 from transformer_mt.config import Config, apply_overrides, config_from_dict, documented_yaml, load_config
 from transformer_mt.errors import ConfigError
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("name", ["tiny", "tatoeba_en_it", "opus_books_en_it"])
