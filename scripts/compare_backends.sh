@@ -4,20 +4,22 @@
 # Prints one line per backend and beam: BLEU, chrF, sentences/s of decoding (evaluate's own
 # timing: model loading excluded), and the share of hypotheses identical to PyTorch's.
 #   bash scripts/compare_backends.sh runs/tatoeba_en_it [OUT_DIR]
+# CHECKPOINT=last (or a path) compares another checkpoint than the run's best.pt.
 # [UNK] replacement is off on both sides (CTranslate2 exports do not replace), so that the
 # outputs are comparable token for token. Run it on an otherwise idle machine.
 set -euo pipefail
 RUN=${1:?usage: compare_backends.sh RUN_DIR [OUT_DIR]}
 OUT=${2:-$(mktemp -d -t compare_backends.XXXX)}
 TMT=${TMT:-tmt}
+CHECKPOINT=${CHECKPOINT:-best}
 mkdir -p "$OUT"
 for q in float32 int8; do
-    [ -d "$OUT/ct2-$q" ] || $TMT export --run "$RUN" --format ctranslate2 --quantization $q \
-        --output "$OUT/ct2-$q" >/dev/null
+    [ -d "$OUT/ct2-$q" ] || $TMT export --run "$RUN" --checkpoint "$CHECKPOINT" \
+        --format ctranslate2 --quantization $q --output "$OUT/ct2-$q" >/dev/null
 done
 for beam in 1 4; do
     # Each evaluate writes its report beside the hypotheses (NAME.json).
-    $TMT evaluate --run "$RUN" --beam $beam --no-replace-unk \
+    $TMT evaluate --run "$RUN" --checkpoint "$CHECKPOINT" --beam $beam --no-replace-unk \
         --output "$OUT/pytorch.b$beam.txt" >/dev/null
     for q in float32 int8; do
         $TMT evaluate --model "$OUT/ct2-$q" --beam $beam \
