@@ -95,6 +95,23 @@ def texts(batch: pa.RecordBatch, name: str) -> list:
     return batch.column(batch.schema.get_field_index(name)).to_pylist()
 
 
+def sentence_batches(ds: datasets.Dataset, side: str, rows: np.ndarray | None = None,
+                     progress=None) -> Iterator[list[str]]:
+    """One side ("src" or "tgt") of `ds` streamed as lists of sentences, one record batch at a
+    time (the tokenizer trainers take a list at a time much faster than one string at a time);
+    only the rows `rows` (sorted) when given."""
+    start = 0
+    for batch in record_batches(ds):
+        side_texts = texts(batch, side)
+        if rows is not None:
+            here = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + len(side_texts))]
+            side_texts = [side_texts[i - start] for i in here.tolist()]
+        start += batch.num_rows
+        if progress is not None:
+            progress.update(len(side_texts))
+        yield side_texts
+
+
 class _Skipped:
     """Rows skipped as malformed: how many, and the numbers of the first few (to show)."""
 

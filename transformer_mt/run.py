@@ -19,14 +19,13 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import datasets
 import numpy as np
 
 from .checkpoint import Checkpoint
 from .config import Config
-from .data import Splits, load_split, load_splits, prepare_splits, record_batches, texts
+from .data import Splits, load_split, load_splits, prepare_splits, record_batches, sentence_batches, texts
 from .errors import TmtError
 from .progress import stage
 
@@ -83,21 +82,6 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
     commit_staging(run, identity)
 
 
-def _sentence_batches(train: datasets.Dataset, side: str, rows: np.ndarray | None,
-                      progress) -> Iterator[list[str]]:
-    """One side of the train split, streamed in batches (the tokenizer trainer takes a list at a
-    time much faster than one string at a time); only `rows` (sorted) when given."""
-    start = 0
-    for batch in record_batches(train):
-        side_texts = texts(batch, side)
-        if rows is not None:
-            here = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + len(side_texts))]
-            side_texts = [side_texts[i - start] for i in here.tolist()]
-        start += batch.num_rows
-        progress.update(len(side_texts))
-        yield side_texts
-
-
 def _train_tokenizers(cfg: Config, train: datasets.Dataset,
                       directory: Path) -> tuple[TextCodec, TextCodec]:
     directory.mkdir(parents=True)
@@ -112,7 +96,7 @@ def _train_tokenizers(cfg: Config, train: datasets.Dataset,
         # downstream reads a run the same way whatever the tokenizer type.
         with stage("tokenizer training", 2 * pairs, unit="sentences") as progress:
             both_sides = (batch for side in ("src", "tgt")
-                          for batch in _sentence_batches(train, side, rows, progress))
+                          for batch in sentence_batches(train, side, rows, progress))
             codec = TextCodec(train_tokenizer(both_sides, cfg.tokenizer))
         for side in ("src", "tgt"):
             codec.save(directory / f"{side}.json")
@@ -122,7 +106,7 @@ def _train_tokenizers(cfg: Config, train: datasets.Dataset,
     codecs = []
     with stage("tokenizer training", 2 * pairs, unit="sentences") as progress:
         for side in ("src", "tgt"):
-            codec = TextCodec(train_tokenizer(_sentence_batches(train, side, rows, progress),
+            codec = TextCodec(train_tokenizer(sentence_batches(train, side, rows, progress),
                                               cfg.tokenizer))
             codec.save(directory / f"{side}.json")
             log.info("%s tokenizer: %d words (min_frequency %d, %d pairs)", side,

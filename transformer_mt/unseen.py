@@ -14,14 +14,16 @@ A model that memorised its training sentences scores far lower here than on the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
+from typing import Iterable
 
 import datasets
 
 from .config import TokenizerConfig
-from .data import column, load_splits
+from .data import column, load_splits, sentence_batches
 from .errors import TmtError
 from .evaluate import EvalSet
 from .run import RunDir
@@ -36,8 +38,9 @@ NEW_NAMES = ("Sami", "Yanni", "Layla", "Skura", "Ziri", "Mennad", "Baya", "Rima"
              "Noemi", "Arturo", "Ingrid")
 
 
-def _words_seen(sentences: list[str], min_count: int) -> set[str]:
-    """The words (in the tokenizers' word splitting) seen at least `min_count` times."""
+def _words_seen(sentences: Iterable[list[str]], min_count: int) -> set[str]:
+    """The words (in the tokenizers' word splitting) seen at least `min_count` times in the
+    batches of sentences `sentences` (streamed: the train split can be any size)."""
     vocabulary = train_tokenizer(sentences, TokenizerConfig(min_frequency=min_count)).get_vocab()
     return {word.lstrip(SPACE_MARKER) for word in vocabulary} - set(SPECIAL_TOKENS)
 
@@ -45,7 +48,7 @@ def _words_seen(sentences: list[str], min_count: int) -> set[str]:
 def rare_word_set(train: datasets.Dataset, test: datasets.Dataset, max_count: int = 2) -> EvalSet:
     """Test pairs whose source has a word (with a letter) seen at most `max_count` times in the
     training sources."""
-    frequent = _words_seen(column(train, "src"), max_count + 1)
+    frequent = _words_seen(sentence_batches(train, "src"), max_count + 1)
     splitter = train_tokenizer([], TokenizerConfig()).pre_tokenizer
     sources, references = [], []
     for src, ref in zip(column(test, "src"), column(test, "tgt")):
@@ -62,7 +65,8 @@ def _whole_word(name: str) -> re.Pattern:
 
 def new_names(train: datasets.Dataset) -> list[str]:
     """The replacement names that occur in neither language of the training split."""
-    seen = _words_seen(column(train, "src") + column(train, "tgt"), 1)
+    seen = _words_seen(itertools.chain(sentence_batches(train, "src"),
+                                       sentence_batches(train, "tgt")), 1)
     return [name for name in NEW_NAMES if name not in seen]
 
 
