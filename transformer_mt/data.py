@@ -4,13 +4,15 @@ duplicates, filter by length and split it without leakage, all in bounded memory
     corpus (TSV / two text files / JSONL / parquet / hub)
       -> reading:   WORK/corpus.arrow, columns `src` and `tgt` (malformed rows counted, skipped)
       -> cleaning:  WORK/clean.arrow, normalised (or truncated) texts, row for row; 64-bit keys
-                    of every pair and sentence held in numpy (8 bytes a key)
-      -> splitting: duplicates (same pair key) and long pairs dropped, connected components of
-                    the keys dealt out to train / valid / test, each split written as Arrow
+                    of every pair and sentence held in numpy (26 bytes a row with two flags);
+                    duplicates (same pair key) and long pairs dropped; the kept pairs' sentences
+                    numbered as a graph (8 bytes a row) and the keys let go
+      -> splitting: connected components of that graph dealt out to train / valid / test
+                    (splitting.py decides; here each split is written as Arrow)
 
 Every pass streams the Arrow files record batch by record batch (not memory-mapped: pages read
-once are not kept), so memory grows only by the per-pair key arrays (about 30 bytes a pair), not
-by the texts. run.py takes the splits on to tokenizers and token ids.
+once are not kept), so memory grows only by the per-row arrays (at most 30 bytes a row at any
+moment), not by the texts. run.py takes the splits on to tokenizers and token ids.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from datasets.arrow_writer import ArrowWriter
 from .config import DataConfig
 from .errors import TmtError
 from .progress import stage
+from .splitting import SPLIT_NAMES, SentenceGraph, assign_splits, first_occurrences, sentence_graph
 from .textio import utf8_lines
 from .tokenizer import normalize_text, token_limit_end
 
@@ -46,7 +49,6 @@ MALFORMED_LINES_SHOWN = 5
 BATCH_ROWS = 10_000
 PAIR_FEATURES = datasets.Features({"src": datasets.Value("string"),
                                    "tgt": datasets.Value("string")})
-SPLIT_NAMES = ("train", "valid", "test")        # split codes 0, 1, 2 of `assign_splits`
 SPLIT_FILE = "data-00000-of-00001.arrow"        # the name Dataset.save_to_disk gives one shard
 
 
@@ -392,20 +394,21 @@ def clean_batch(src: list, tgt: list, cfg: DataConfig) -> CleanBatch:
                       sentence_keys(out_src), sentence_keys(out_tgt))
 
 
-def kept_rows(empty: np.ndarray, too_long: np.ndarray, pair_keys: np.ndarray,
+def kept_mask(empty: np.ndarray, too_long: np.ndarray, pair_keys: np.ndarray,
               cfg: DataConfig) -> np.ndarray:
-    """Row numbers of the pairs to keep, in corpus order: empty pairs dropped, of exact
-    duplicates only the first occurrence, and pairs longer than max_len filtered (or kept
-    truncated)."""
-    candidates = np.flatnonzero(~empty)
-    _, first = np.unique(pair_keys[candidates], return_index=True)
-    unique = np.sort(candidates[first])
-    long = too_long[unique]
-    kept = unique[~long] if cfg.long_sentences == "filter" else unique
+    """Mask of the pairs to keep: empty pairs dropped, of exact duplicates only the first
+    occurrence, and pairs longer than max_len filtered (or kept truncated). `empty` and
+    `too_long` serve as scratch space (their contents are lost): no copy of either is made."""
+    read, usable = len(empty), len(empty) - int(empty.sum())
+    kept = first_occurrences(pair_keys, np.logical_not(empty, out=empty))
+    distinct = int(kept.sum())
+    long = np.logical_and(too_long, kept, out=too_long)
+    if cfg.long_sentences == "filter":
+        kept[long] = False
     action = "dropped" if cfg.long_sentences == "filter" else "truncated"
     log.info("corpus: %d pairs read, %d empty dropped, %d duplicates dropped, %d longer than %d "
-             "tokens %s, %d kept", len(empty), len(empty) - len(candidates),
-             len(candidates) - len(unique), int(long.sum()), cfg.max_len, action, len(kept))
+             "tokens %s, %d kept", read, read - usable, usable - distinct, int(long.sum()),
+             cfg.max_len, action, int(kept.sum()))
     return kept
 
 
@@ -413,22 +416,20 @@ def clean_pairs(src: list[str], tgt: list[str], cfg: DataConfig) -> tuple[list[s
     """Normalise, drop empty pairs, dedupe exact pairs, then filter or truncate pairs with more
     than `cfg.max_len` tokens on a side: `clean_corpus` on pairs held in lists."""
     cleaned = clean_batch(src, tgt, cfg)
-    rows = kept_rows(cleaned.empty, cleaned.too_long, cleaned.pair_keys, cfg)
+    rows = np.flatnonzero(kept_mask(cleaned.empty, cleaned.too_long, cleaned.pair_keys, cfg))
     return [cleaned.src[i] for i in rows], [cleaned.tgt[i] for i in rows]
 
 
 @dataclass
 class CleanCorpus:
     pairs: datasets.Dataset   # every corpus row cleaned (WORK/clean.arrow), kept or not
-    rows: np.ndarray          # the rows kept, in corpus order
-    src_keys: np.ndarray      # sentence keys of the kept rows
-    tgt_keys: np.ndarray
+    graph: SentenceGraph      # the kept rows' sentences as nodes (splitting.py), per corpus row
 
 
 def clean_corpus(raw: datasets.Dataset, cfg: DataConfig, work: Path) -> CleanCorpus:
     """`clean_pairs` over a corpus of any size, in batches; then the seeded sample of
-    data.max_pairs."""
-    # Filled batch by batch: 26 bytes a pair, the only per-pair memory of preparation.
+    data.max_pairs, and the kept pairs' sentence graph."""
+    # Filled batch by batch: 26 bytes a pair, the most per-pair memory preparation holds.
     arrays = {name: np.zeros(len(raw), dtype=bool) for name in ("empty", "too_long")}
     arrays.update({name: np.zeros(len(raw), dtype=np.uint64)
                    for name in ("pair_keys", "src_keys", "tgt_keys")})
@@ -445,96 +446,28 @@ def clean_corpus(raw: datasets.Dataset, cfg: DataConfig, work: Path) -> CleanCor
 
     with stage("cleaning", len(raw)) as progress:
         pairs = write_pairs(work / "clean.arrow", batches(progress))
-        rows = kept_rows(arrays["empty"], arrays["too_long"], arrays["pair_keys"], cfg)
-    if not len(rows):
+        keep = kept_mask(arrays.pop("empty"), arrays.pop("too_long"), arrays.pop("pair_keys"),
+                         cfg)
+    kept = int(keep.sum())
+    if not kept:
         where = cfg.path or cfg.src_path or cfg.hub_name
         raise TmtError(f"{where}: no usable sentence pairs after cleaning (all empty, malformed "
                        f"or filtered); check the file and data.src_lang / data.tgt_lang")
-    if cfg.max_pairs is not None and cfg.max_pairs < len(rows):
+    if cfg.max_pairs is not None and cfg.max_pairs < kept:
         # A seeded random sample rather than the first N: corpora such as Tatoeba are
         # sorted by length, so their head holds only the shortest sentences.
         # random.sample (not numpy) keeps the sample, and so the split, of runs made before;
         # it holds k Python ints (a pool of len(rows) only when k is near it), briefly.
-        sample = random.Random(cfg.seed).sample(range(len(rows)), cfg.max_pairs)
-        rows = rows[np.sort(np.array(sample, dtype=np.int64))]
-        log.info("data.max_pairs: a seeded sample of %d pairs kept", len(rows))
-    return CleanCorpus(pairs, rows, arrays["src_keys"][rows], arrays["tgt_keys"][rows])
+        rows = np.flatnonzero(keep)
+        sample = random.Random(cfg.seed).sample(range(kept), cfg.max_pairs)
+        keep[:] = False
+        keep[rows[np.array(sample, dtype=np.int64)]] = True
+        del rows, sample
+        log.info("data.max_pairs: a seeded sample of %d pairs kept", cfg.max_pairs)
+    return CleanCorpus(pairs, sentence_graph(arrays["src_keys"], arrays["tgt_keys"], keep))
 
 
 # --------------------------------------------------------------------------- splitting
-
-def connected_components(src_keys: np.ndarray, tgt_keys: np.ndarray) -> np.ndarray:
-    """Component id (0..C-1) per pair: two pairs are connected when they share a source key or a
-    target key, directly or through other pairs.
-
-    Union-find on arrays: sentences are nodes (sources and targets numbered apart, so the same
-    string in both languages is two nodes), pairs are edges. Each round hooks the larger root
-    of every edge under the smaller one, then compresses paths fully; parent[x] <= x always
-    holds, so no cycle can form. A few dozen rounds suffice even for long chains."""
-    # 32-bit node numbers while they fit: half the memory of every array below.
-    node_type = np.int32 if 2 * len(src_keys) < np.iinfo(np.int32).max else np.int64
-    src_node = np.unique(src_keys, return_inverse=True)[1].reshape(-1).astype(node_type)
-    tgt_node = np.unique(tgt_keys, return_inverse=True)[1].reshape(-1).astype(node_type)
-    tgt_node += src_node.max() + 1 if len(src_node) else 0
-    parent = np.arange(int(tgt_node.max()) + 1 if len(tgt_node) else 0, dtype=node_type)
-    while True:
-        root_a, root_b = parent[src_node], parent[tgt_node]
-        apart = root_a != root_b
-        if not apart.any():
-            break
-        low = np.minimum(root_a[apart], root_b[apart])
-        high = np.maximum(root_a[apart], root_b[apart])
-        np.minimum.at(parent, high, low)
-        while True:
-            grandparent = parent[parent]
-            if np.array_equal(grandparent, parent):
-                break
-            parent = grandparent
-    return np.unique(parent[src_node], return_inverse=True)[1].reshape(-1)
-
-
-def assign_splits(src_keys: np.ndarray, tgt_keys: np.ndarray, valid_size: int, test_size: int,
-                  seed: int) -> np.ndarray:
-    """Split code per pair (0 train, 1 valid, 2 test) such that no source and no target
-    sentence is in two splits.
-
-    Whole connected components (`connected_components`) are dealt out in a seeded random order:
-    to valid until it holds at least `valid_size` distinct source sentences, then to test until
-    it holds `test_size`, the rest to train. Sizes count distinct source sentences (the
-    sentences `tmt evaluate` translates); a split overshoots by less than one component."""
-    component = connected_components(src_keys, tgt_keys)
-    count = int(component.max()) + 1 if len(component) else 0
-    # Distinct source sentences per component: each source key lies in exactly one component.
-    _, first = np.unique(src_keys, return_index=True)
-    sources_per_component = np.bincount(component[first], minlength=count)
-    total = int(sources_per_component.sum())
-    if total <= valid_size + test_size:
-        raise TmtError(f"the corpus has {total} distinct source sentences after cleaning, "
-                       f"not enough for data.valid_size={valid_size} + data.test_size="
-                       f"{test_size} and a training set; lower them or use more data")
-    order = np.random.default_rng(seed).permutation(count)
-    filled = np.cumsum(sources_per_component[order])
-    # Components before the one that reaches the size, and that one too.
-    valid_end = int(np.searchsorted(filled, valid_size)) + 1
-    test_end = valid_end + (int(np.searchsorted(filled[valid_end:] - filled[valid_end - 1],
-                                                test_size)) + 1 if test_size else 0)
-    if test_end >= count:
-        raise TmtError(f"data.valid_size={valid_size} and data.test_size={test_size} take all "
-                       f"{count} groups of connected sentence pairs (pairs that share a source "
-                       f"or target sentence); lower them or use more data")
-    split_of_component = np.zeros(count, dtype=np.int8)
-    split_of_component[order[:valid_end]] = 1
-    split_of_component[order[valid_end:test_end]] = 2
-    splits = split_of_component[component]
-    sizes = np.bincount(component, minlength=count)
-    log.info("split: %d groups of pairs connected by a shared source or target sentence, the "
-             "largest of %d pairs; %s", count, int(sizes.max()),
-             ", ".join(f"{name} {int((splits == code).sum())} pairs in "
-                       f"{int((split_of_component == code).sum())} groups"
-                       for code, name in enumerate(SPLIT_NAMES)))
-    return splits
-
-
 
 def split_by_component(src: list[str], tgt: list[str], cfg: DataConfig) -> Splits:
     """Seeded split in which no source sentence and no target sentence is in two splits, of
@@ -543,8 +476,8 @@ def split_by_component(src: list[str], tgt: list[str], cfg: DataConfig) -> Split
     Splitting by source sentence alone is not enough: Tatoeba often has several English
     sentences with one Italian translation, so the test split's references would occur among
     the training targets and reward memorisation."""
-    splits = assign_splits(sentence_keys(src), sentence_keys(tgt), cfg.valid_size,
-                           cfg.test_size, cfg.seed)
+    splits = assign_splits(sentence_graph(sentence_keys(src), sentence_keys(tgt)),
+                           cfg.valid_size, cfg.test_size, cfg.seed)
 
     def build(code: int) -> datasets.Dataset:
         rows = np.flatnonzero(splits == code)
@@ -559,10 +492,7 @@ def split_corpus(clean: CleanCorpus, cfg: DataConfig, directory: Path) -> Splits
     directory/{train,valid,test} in one streamed pass, in the layout of Dataset.save_to_disk
     (pairs in corpus order)."""
     with stage("splitting", len(clean.pairs)) as progress:
-        codes = assign_splits(clean.src_keys, clean.tgt_keys, cfg.valid_size, cfg.test_size,
-                              cfg.seed)
-        split_of_row = np.full(len(clean.pairs), -1, dtype=np.int8)
-        split_of_row[clean.rows] = codes
+        split_of_row = assign_splits(clean.graph, cfg.valid_size, cfg.test_size, cfg.seed)
         writers = []
         for name in SPLIT_NAMES:
             (directory / name).mkdir(parents=True)

