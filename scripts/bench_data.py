@@ -9,9 +9,10 @@ sentences are about twice as long as Tatoeba's (~15 words a side) and almost all
 real large corpus. Then it runs the real command, as a user would:
 
     tmt train --config CONFIG --set data.path=CORPUS --set data.max_len=100 --max-steps 1
-    tmt train --run-dir RUN --resume --max-steps 2
+    tmt train --run-dir RUN --resume --max-steps 2 --set train.log_every=1
 
-and reports for each: wall time, and peak memory of the whole process tree (the largest sum of
+and reports for each: wall time (for the resume also the time until its first step is logged),
+and peak memory of the whole process tree (the largest sum of
 the proportional set sizes of tmt and its DataLoader workers, sampled every 0.2 s; PSS counts a
 page shared by k processes as 1/k in each, so memory-mapped data read by every worker is counted
 once). The stage lines that preparation writes to train.log (`stage NAME: S s, ..., peak RSS
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
 STAGE_LINE = re.compile(r"stage (?P<name>[\w ]+): (?P<seconds>[\d.]+) s"
                         r"(?:.*peak RSS (?P<peak_mb>[\d,]+) MB)?")
+STEP_LINE = re.compile(r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO step \d+:",
+                       re.MULTILINE)
 WRITE_CHUNK = 200_000
 
 
@@ -90,6 +94,7 @@ def _pss_kb(pid: int) -> int:
 def measure(command: list[str], log_file: Path) -> dict:
     """Run `command`; its wall time, exit code and peak memory of its process tree."""
     started = time.perf_counter()
+    started_at = time.time()
     with open(log_file, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                    env=dict(os.environ, HF_HUB_OFFLINE="1",
@@ -109,7 +114,8 @@ def measure(command: list[str], log_file: Path) -> dict:
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     sampler.join()
-    return {"seconds": round(time.perf_counter() - started, 1), "exit_code": process.returncode,
+    return {"started_at": started_at,
+            "seconds": round(time.perf_counter() - started, 1), "exit_code": process.returncode,
             "peak_tree_mb": round(peak["tree_kb"] / 1024), "processes": peak["processes"],
             "peak_rss_main_mb": round(usage.ru_maxrss / 1024)}
 
@@ -124,6 +130,19 @@ def stage_lines(run_dir: Path) -> dict[str, dict]:
             for m in STAGE_LINE.finditer(log.read_text())}
 
 
+def first_step_seconds(run_dir: Path, started_at: float) -> float | None:
+    """Seconds from `started_at` to the first `step N:` line logged after it in train.log (the
+    resume runs with train.log_every=1, so that is its first optimizer step done)."""
+    log = run_dir / "train.log"
+    if not log.is_file():
+        return None
+    for found in STEP_LINE.finditer(log.read_text()):
+        logged = datetime.strptime(found["stamp"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if logged >= started_at:
+            return round(logged - started_at, 1)
+    return None
+
+
 def bench_size(pairs: int, args: argparse.Namespace) -> dict:
     corpus = synthetic_corpus(Path(args.source), pairs, args.work / f"synthetic_{pairs}.tsv")
     run_dir = args.work / f"run_{pairs}_{int(time.time())}"
@@ -133,8 +152,10 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
                                                                       args.set), [])]
     prepare = measure([*tmt, "--config", str(args.config), *overrides, "--run-dir", str(run_dir),
                        "--max-steps", "1"], args.work / f"prepare_{pairs}.log")
-    resume = measure([*tmt, "--run-dir", str(run_dir), "--resume", "--max-steps", "2"],
-                     args.work / f"resume_{pairs}.log")
+    resume = measure([*tmt, "--run-dir", str(run_dir), "--resume", "--max-steps", "2",
+                      "--set", "train.log_every=1"], args.work / f"resume_{pairs}.log")
+    resume["first_step_seconds"] = first_step_seconds(run_dir, resume.pop("started_at"))
+    prepare.pop("started_at")
     result = {"pairs": pairs, "prepare": prepare, "resume": resume,
               "stages": stage_lines(run_dir)}
     if not args.keep_runs:
@@ -167,7 +188,8 @@ def main() -> int:
             r = results[-1]
             print(f"{pairs:>11,} pairs: prepare {r['prepare']['seconds']} s, peak "
                   f"{r['prepare']['peak_tree_mb']} MB (exit {r['prepare']['exit_code']}); "
-                  f"resume {r['resume']['seconds']} s, peak {r['resume']['peak_tree_mb']} MB; "
+                  f"resume {r['resume']['seconds']} s (first step after "
+                  f"{r['resume']['first_step_seconds']} s), peak {r['resume']['peak_tree_mb']} MB; "
                   f"stages {r['stages']}", flush=True)
     if args.json:
         print(json.dumps({"config": str(args.config), "workers": args.workers,
