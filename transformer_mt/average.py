@@ -11,21 +11,25 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from .checkpoint import Checkpoint, human_size, read_checkpoint, save
 from .errors import TmtError
-from .events import read_scalars
 from .paths import refuse_overwriting_inputs
-from .run import RunDir
-from .rundir import BEST, LAST
+from .rundir import BEST, LAST, RunDir
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (checkpoint.py) and tensorboard (events.py) are imported where checkpoints or event files
+# are read, after every refusal: a mistaken command fails at once, not after seconds of imports.
 
 log = logging.getLogger(__name__)
 
 def average_state_dicts(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The element-wise mean of model state dicts with the same keys and shapes. Sums are taken
     in float64, so the mean of identical checkpoints is exactly that checkpoint."""
+    import torch
+
     first = states[0]
     for state in states[1:]:
         if state.keys() != first.keys() or any(state[k].shape != first[k].shape for k in first):
@@ -68,6 +72,8 @@ def average_files(paths: list[Path], output: Path) -> Path:
     if output.name in (LAST, BEST) and output.parent.name == "checkpoints":
         raise TmtError(f"--output {output} would replace the run's own {output.name} (which "
                        f"resuming and translating use); choose another file name")
+    from .checkpoint import Checkpoint, human_size, read_checkpoint, save
+
     states = [read_checkpoint(p) for p in paths]
     newest = states[-1]
     if any(s.tokenizers != newest.tokenizers for s in states):
@@ -105,6 +111,8 @@ def select_checkpoints(run: RunDir, last: int | None, best: int | None) -> list[
             raise TmtError(f"--last {count}: {run.checkpoints} keeps only {len(kept)} step "
                            f"checkpoints (train.keep_last)")
         return kept[-count:]
+    from .events import read_scalars
+
     bleu = {s.step: s.value for s in read_scalars(run.tensorboard).get("valid/bleu", [])}
     scored = [p for p in kept if _step_of(p) in bleu]
     if best > len(scored):
@@ -121,4 +129,8 @@ def average_run_checkpoints(run_path: Path, last: int | None, best: int | None,
     if output is None:
         name = f"average_best{best}.pt" if best is not None else f"average_last{len(paths)}.pt"
         output = run.checkpoints / name
+    # Not only the averaged checkpoints: none of the run's step checkpoints is overwritten.
+    refuse_overwriting_inputs(output, [("the input checkpoint", p) for p in paths] +
+                              [("a step checkpoint of the run", p)
+                               for p in sorted(run.checkpoints.glob("step*.pt"))])
     return average_files(paths, output)

@@ -16,7 +16,7 @@ from . import __version__
 from .errors import TmtError
 from .logs import setup_logging
 from .openmp import configure_openmp
-from .paths import STDIO, refuse_overwriting_inputs
+from .paths import STDIO, refuse_overwriting_inputs, refuse_overwriting_with_hypotheses
 
 STDIN_CHUNK = 256     # lines translated together when streaming from stdin
 
@@ -90,6 +90,17 @@ def _load_model(args: argparse.Namespace):
         loaded.translator = loaded.translator.with_decoding(seed=args.seed)
     print(f"tmt: using {loaded.describe()}", file=sys.stderr)
     return loaded
+
+
+def _checkpoint_path(args: argparse.Namespace) -> Path | None:
+    """The checkpoint file that --run/--checkpoint name (None for --model), found without
+    loading it; errors as loading would give them."""
+    if args.model is not None:
+        return None
+    from .rundir import find_checkpoint
+
+    return find_checkpoint(args.checkpoint, Path(args.run) if args.run else None,
+                           Path(args.runs_dir))
 
 
 def _decode_changes(args: argparse.Namespace) -> dict:
@@ -169,10 +180,13 @@ def cmd_translate(args: argparse.Namespace) -> int:
                                                or not Path(args.input).exists()):
         problem = "is a directory" if Path(args.input).is_dir() else "file not found"
         raise TmtError(f"--input {args.input}: {problem}; pass a text file, or - for stdin")
-    # Before anything is loaded, and long before an output file is opened.
-    refuse_overwriting_inputs(args.output, [("--input", args.input)])
-    refuse_overwriting_inputs(args.attention, [("--input", args.input), ("--output", args.output)],
-                              "--attention")
+    # Before anything is loaded (torch included: a quick error), and long before an output
+    # file is opened; checked again against the checkpoint that was loaded.
+    checkpoint = _checkpoint_path(args)
+    refuse_overwriting_inputs(args.output, [("--input", args.input),
+                                            ("the checkpoint", checkpoint)])
+    refuse_overwriting_inputs(args.attention, [("--input", args.input), ("--output", args.output),
+                                               ("the checkpoint", checkpoint)], "--attention")
     loaded = _load_model(args)
     for output, option in ((args.output, "--output"), (args.attention, "--attention")):
         refuse_overwriting_inputs(output, [("the checkpoint", loaded.weights)], option)
@@ -203,8 +217,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- evaluate
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from .evaluate import default_output, evaluate, file_test_set, report_path, run_test_set, write_outputs
-
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
         raise TmtError("pass both --src FILE and --ref FILE (line-aligned), or neither to "
@@ -212,6 +224,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.unseen and args.src:
         raise TmtError("--unseen builds its sets from the run's test split: use it without "
                        "--src/--ref")
+    # Refusals that need no model come before torch is imported: a quick error.
+    inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", _checkpoint_path(args))]
+    if args.output:
+        refuse_overwriting_with_hypotheses(Path(args.output), inputs)
+    from .evaluate import default_output, evaluate, file_test_set, run_test_set, write_outputs
+
     if args.src:
         test = file_test_set(Path(args.src), Path(args.ref))
     loaded = _load_model(args)
@@ -223,12 +241,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                            f"its test split, or --src FILE --ref FILE")
         test = run_test_set(run)
     hyp_path = Path(args.output) if args.output else default_output(loaded.weights, test, beam)
-    if report_path(hyp_path) == hyp_path:
-        raise TmtError(f"--output {hyp_path}: the JSON report is written beside the hypotheses "
-                       f"with the suffix .json, so their file must not end in .json")
-    inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", loaded.weights)]
-    refuse_overwriting_inputs(hyp_path, inputs)
-    refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
+    refuse_overwriting_with_hypotheses(hyp_path, inputs[:2] + [("the checkpoint",
+                                                                loaded.weights)])
     hypotheses, report = evaluate(loaded.translator, test, loaded.weights)
     if args.unseen:
         report["unseen"] = _evaluate_unseen(run, loaded.translator, loaded.weights)

@@ -12,6 +12,7 @@ import sacrebleu
 
 from .data import column
 from .errors import TmtError
+from .paths import report_path
 from .run import RunDir, load_test_split
 from .textio import read_text_lines
 from .translator import Translator
@@ -107,11 +108,6 @@ def default_output(checkpoint: Path, test: EvalSet, beam_size: int) -> Path:
     if folder.name == "checkpoints":
         folder = folder.parent / "eval"
     return folder / f"{test.name}.{checkpoint.stem}.beam{beam_size}.hyp"
-
-
-def report_path(hyp_path: Path) -> Path:
-    """Where the JSON report of the hypotheses at `hyp_path` goes: beside them, suffix .json."""
-    return hyp_path.with_suffix(".json")
 
 
 def write_outputs(hypotheses: list[str], report: dict, hyp_path: Path) -> Path:

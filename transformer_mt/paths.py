@@ -31,3 +31,20 @@ def refuse_overwriting_inputs(output: str | Path | None,
         if path is not None and str(path) != STDIO and same_file(output, path):
             raise TmtError(f"{option} {output} is the same file as {what} {path}: writing it would "
                            f"destroy that input; choose another output file")
+
+
+def report_path(hyp_path: Path) -> Path:
+    """Where the JSON report of the hypotheses at `hyp_path` goes: beside them, suffix .json."""
+    return hyp_path.with_suffix(".json")
+
+
+def refuse_overwriting_with_hypotheses(hyp_path: Path,
+                                       inputs: Iterable[tuple[str, str | Path | None]]) -> None:
+    """`tmt evaluate` writes two files, the hypotheses and their JSON report: neither may be an
+    input, nor may the two be one file."""
+    if report_path(hyp_path) == hyp_path:
+        raise TmtError(f"--output {hyp_path}: the JSON report is written beside the hypotheses "
+                       f"with the suffix .json, so their file must not end in .json")
+    inputs = list(inputs)
+    refuse_overwriting_inputs(hyp_path, inputs)
+    refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
