@@ -175,3 +175,32 @@ def test_checkpoint_with_an_invalid_config(tmp_path, trained_run):
     torch.save(state, path)
     assert "divisible by model.heads" in _error_line(
         run_tmt("translate", "--checkpoint", str(path), "Hello."))
+
+
+_MAIN_THEN_REPORT_TORCH = """
+import sys
+from transformer_mt.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("torch imported:", "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("command", [
+    ("translate", "--run", "{run}", "Hello.", "--output", "{run}/checkpoints/best.pt"),
+    ("evaluate", "--run", "{run}", "--src", "s.txt", "--ref", "s.txt", "--output", "s.txt"),
+    ("average", "a.pt", "b.pt", "--output", "a.pt"),
+    ("average", "--run", "{run}", "--last", "0"),
+], ids=["translate-over-checkpoint", "evaluate-over-src", "average-over-input", "average-last-0"])
+def test_mistakes_are_refused_before_torch_is_imported(command, trained_run, tmp_path):
+    """A mistaken command answers at once, not after the seconds torch takes to import."""
+    (tmp_path / "s.txt").write_text("Hello.\n")
+    for name in ("a.pt", "b.pt"):
+        (tmp_path / name).write_bytes((trained_run / "checkpoints" / "last.pt").read_bytes())
+    args = [a.format(run=trained_run) for a in command]
+    result = subprocess.run([sys.executable, "-c", _MAIN_THEN_REPORT_TORCH, *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert "tmt: error: " in result.stderr, result.stderr
+    assert "torch imported: False" in result.stderr, result.stderr
