@@ -62,6 +62,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         return _print_config(args)
     cfg, run = _load_train_config(args)
+    if os.environ.get("RANK", "0") == "0":
+        from .rundir import check_can_train
+
+        # The folder refusals, before torch's seconds of imports; checked again under the lock.
+        check_can_train(cfg, run, args.resume)
     from .training import run_training
 
     return run_training(cfg, run, args.resume)

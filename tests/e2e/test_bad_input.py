@@ -204,3 +204,16 @@ def test_mistakes_are_refused_before_torch_is_imported(command, trained_run, tmp
                             capture_output=True, text=True, timeout=120)
     assert "tmt: error: " in result.stderr, result.stderr
     assert "torch imported: False" in result.stderr, result.stderr
+
+
+def test_a_folder_that_is_not_a_run_is_refused_before_torch_is_imported(tmp_path, corpus_tsv):
+    config = tmp_path / "c.yaml"
+    config.write_text(tiny_config_text(corpus_tsv, max_steps=1))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not tmt's\n")
+    result = subprocess.run([sys.executable, "-c", _MAIN_THEN_REPORT_TORCH, "train", "--config",
+                             str(config), "--run-dir", str(tmp_path / "mine")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert "tmt: error: " in result.stderr, result.stderr
+    assert "torch imported: False" in result.stderr, result.stderr
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
