@@ -11,7 +11,8 @@ of its target sentence (BLAKE2b, so they are the same in every process). From th
 
 Memory per corpus row is what the arrays hold, not what sorting them would take: the sort-based
 steps run bucket by bucket over the top bits of the keys (a key's bucket is its top 6 bits, so
-buckets in order are keys in sorted order and the results equal one global sort), and the
+buckets in order are keys in sorted order and the results equal one global sort; the keys are
+hashes, so the buckets are even), and the
 union-find passes over the pairs in chunks. With the keys gone, the graph is 8 bytes a row plus
 at most 8 bytes a sentence, so a corpus of 10 M pairs is split in well under 400 MB.
 """
