@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from transformer_mt.allocator import configure_allocator
 from transformer_mt.openmp import configure_openmp
 
 configure_openmp()                  # before torch is imported
@@ -345,9 +344,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sentences decoded the reference's way (it is slow: rates are per "
                         "sentence)")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--malloc-default", action="store_true",
-                   help="leave glibc's moving mmap threshold as it is (tmt fixes it: "
-                        "transformer_mt/allocator.py)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -360,7 +356,6 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
 
 
 def run(args: argparse.Namespace) -> dict:
-    fixed_threshold = False if args.malloc_default else configure_allocator()
     if args.threads:
         torch.set_num_threads(args.threads)
     dist_info, device_name = init_distributed(args.device)
@@ -384,8 +379,6 @@ def run(args: argparse.Namespace) -> dict:
         "world_size": dist_info.world_size,
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "malloc_mmap_threshold": "fixed by tmt" if fixed_threshold else
-        os.environ.get("MALLOC_MMAP_THRESHOLD_", "glibc default"),
         "data": corpus.origin,
         "gemm_gflops": gemm_gflops,
         "gemm": f"{gemm_size}x{gemm_size} {str(probe.dtype).replace('torch.', '')}",

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from . import __version__
-from .allocator import configure_allocator
 from .errors import TmtError
 from .logs import setup_logging
 from .openmp import configure_openmp
@@ -499,7 +498,6 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     configure_openmp()              # before the commands import torch
-    configure_allocator()           # before anything large is allocated
     args = build_parser().parse_args(argv)
     code = _run_command(args)
     # Only `tmt train` under torchrun loads this module's distributed part (looked up rather
