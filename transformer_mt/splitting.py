@@ -35,15 +35,18 @@ BUCKET_BITS = 6                                 # 64 buckets: each sort holds 1/
 CHUNK_ROWS = 1 << 20                            # rows per chunk of the union-find passes
 
 
+def _chunks(length: int) -> Iterator[slice]:
+    return (slice(start, start + CHUNK_ROWS) for start in range(0, length, CHUNK_ROWS))
+
+
 def _buckets(keys: np.ndarray, keep: np.ndarray | None) -> Iterator[np.ndarray]:
     """Row numbers (ascending) of the kept rows, bucket by bucket in ascending key order."""
     shift = np.uint64(64 - BUCKET_BITS)
     bucket = np.empty(len(keys), dtype=np.uint8)          # 1 byte a row, not a sorted copy
-    for start in range(0, len(keys), CHUNK_ROWS):
-        here = bucket[start:start + CHUNK_ROWS]
-        here[:] = keys[start:start + CHUNK_ROWS] >> shift
+    for part in _chunks(len(keys)):
+        bucket[part] = keys[part] >> shift
         if keep is not None:
-            here[~keep[start:start + CHUNK_ROWS]] = 1 << BUCKET_BITS   # a bucket never visited
+            bucket[part][~keep[part]] = 1 << BUCKET_BITS      # a bucket never visited
     for b in range(1 << BUCKET_BITS):
         yield np.flatnonzero(bucket == b)
 
@@ -97,9 +100,8 @@ def sentence_graph(src_keys: np.ndarray, tgt_keys: np.ndarray,
 
 
 def _edges(graph: SentenceGraph) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for start in range(0, len(graph.src_node), CHUNK_ROWS):
-        a = graph.src_node[start:start + CHUNK_ROWS]
-        b = graph.tgt_node[start:start + CHUNK_ROWS]
+    for part in _chunks(len(graph.src_node)):
+        a, b = graph.src_node[part], graph.tgt_node[part]
         kept = a != DROPPED
         yield a[kept], b[kept]
 
@@ -109,8 +111,8 @@ def _compress(parent: np.ndarray) -> None:
     new parent is always one of its ancestors, so updating in place is safe)."""
     while True:
         changed = False
-        for start in range(0, len(parent), CHUNK_ROWS):
-            here = parent[start:start + CHUNK_ROWS]
+        for part in _chunks(len(parent)):
+            here = parent[part]
             grandparent = parent[here]
             if not np.array_equal(grandparent, here):
                 here[:] = grandparent
@@ -143,10 +145,6 @@ def _roots(graph: SentenceGraph) -> np.ndarray:
         _compress(parent)
         if not hooked:
             return parent
-
-
-def _chunks(length: int) -> Iterator[slice]:
-    return (slice(start, start + CHUNK_ROWS) for start in range(0, length, CHUNK_ROWS))
 
 
 def connected_components(graph: SentenceGraph) -> tuple[np.ndarray, np.ndarray]:
