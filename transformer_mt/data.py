@@ -50,11 +50,12 @@ BATCH_ROWS = 10_000
 PAIR_FEATURES = datasets.Features({"src": datasets.Value("string"),
                                    "tgt": datasets.Value("string")})
 SPLIT_FILE = "data-00000-of-00001.arrow"        # the name Dataset.save_to_disk gives one shard
+ARROW_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"   # what closes an Arrow IPC stream
 
 
 @dataclass
 class Splits:
-    train: datasets.Dataset
+    train: StreamedSplit          # any size: read as a stream, never memory-mapped
     valid: datasets.Dataset
     test: datasets.Dataset
 
@@ -68,6 +69,8 @@ def column(ds: datasets.Dataset, name: str) -> list:
     """A column as a Python list (through Arrow: much faster than iterating the Dataset); only
     for splits that fit in memory (valid, test). Read through the arrow format, not `ds.data`,
     so that a `select`ed dataset gives its selected rows, not its whole table."""
+    if isinstance(ds, StreamedSplit):
+        return [text for batch in sentence_batches(ds, name) for text in batch]
     return ds.with_format("arrow")[name].to_pylist()
 
 
@@ -81,13 +84,34 @@ def write_pairs(path: Path, batches: Iterable[dict[str, list[str]]]) -> datasets
     return datasets.Dataset.from_file(str(path))
 
 
-def record_batches(ds: datasets.Dataset) -> Iterator[pa.RecordBatch]:
+class StreamedSplit:
+    """Pairs in Arrow stream files (a saved split), read one record batch at a time, never
+    memory-mapped. This is how the train split, which can hold tens of millions of pairs, is
+    read: opening it with datasets.load_from_disk pages the whole file into memory (read-ahead
+    over the memory map: 1 GB of RSS for a 10 M-pair split, held for the life of the process),
+    while the pages a stream reads stay in the page cache, not in the process."""
+
+    def __init__(self, files: list[Path], num_rows: int | None = None):
+        self.files, self._num_rows = files, num_rows
+
+    def __len__(self) -> int:
+        if self._num_rows is None:          # counted once, by reading the files through
+            self._num_rows = sum(batch.num_rows for batch in self.record_batches())
+        return self._num_rows
+
+    def record_batches(self) -> Iterator[pa.RecordBatch]:
+        for path in self.files:
+            with pa.OSFile(str(path)) as handle:
+                yield from pa.ipc.open_stream(handle)
+
+
+def record_batches(ds: datasets.Dataset | StreamedSplit) -> Iterator[pa.RecordBatch]:
     """The rows of `ds` in order, one Arrow record batch at a time, read from its files as a
     stream: unlike iterating the memory-mapped Dataset, the pages read do not stay in memory."""
-    if ds._indices is None and ds.cache_files:
-        for cache_file in ds.cache_files:
-            with pa.OSFile(cache_file["filename"]) as handle:
-                yield from pa.ipc.open_stream(handle)
+    if isinstance(ds, StreamedSplit):
+        yield from ds.record_batches()
+    elif ds._indices is None and ds.cache_files:
+        yield from StreamedSplit([Path(f["filename"]) for f in ds.cache_files]).record_batches()
     else:                       # held in memory, or a selection of rows
         for table in ds.with_format("arrow").iter(BATCH_ROWS):
             yield from table.to_batches()
@@ -97,7 +121,7 @@ def texts(batch: pa.RecordBatch, name: str) -> list:
     return batch.column(batch.schema.get_field_index(name)).to_pylist()
 
 
-def sentence_batches(ds: datasets.Dataset, side: str, rows: np.ndarray | None = None,
+def sentence_batches(ds: datasets.Dataset | StreamedSplit, side: str, rows: np.ndarray | None = None,
                      progress=None) -> Iterator[list[str]]:
     """One side ("src" or "tgt") of `ds` streamed as lists of sentences, one record batch at a
     time (the tokenizer trainers take a list at a time much faster than one string at a time);
@@ -507,11 +531,13 @@ def split_corpus(clean: CleanCorpus, cfg: DataConfig, directory: Path) -> Splits
                     writer.write_table(pa.Table.from_batches([batch.filter(pa.array(chosen))]))
             start += batch.num_rows
             progress.update(batch.num_rows)
+        rows = {}
         for name, writer in zip(SPLIT_NAMES, writers):
-            writer.finalize()
+            rows[name], _ = writer.finalize()
             writer.close()
             _describe_split_folder(directory / name, name)
-    return load_splits(directory, check_train=False)
+    return Splits(train=StreamedSplit([directory / "train" / SPLIT_FILE], rows["train"]),
+                  valid=load_split(directory / "valid"), test=load_split(directory / "test"))
 
 
 def _describe_split_folder(folder: Path, name: str) -> None:
@@ -536,25 +562,55 @@ def prepare_splits(cfg: DataConfig, directory: Path) -> Splits:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def load_split(path: Path, check_contents: bool = True) -> datasets.Dataset:
-    """One split written by `split_corpus` (or saved by an older tmt), checked whole unless
-    `check_contents` is false: a damaged one ends in a TmtError naming it rather than in a crash
-    later, halfway through an epoch. Training reads the train split's token store, not its
-    text, so a start need not read that text through."""
+def load_split(path: Path) -> datasets.Dataset:
+    """A small split (valid, test) written by `split_corpus` or saved by an older tmt, memory-
+    mapped for random access and checked whole: a damaged one ends in a TmtError naming it
+    rather than in a crash later."""
     try:
         ds = datasets.load_from_disk(str(path))
         if not isinstance(ds, datasets.Dataset) or not {"src", "tgt"} <= set(ds.column_names):
             raise ValueError("not a split with 'src' and 'tgt' columns")
-        ds.data.validate(full=check_contents)
+        ds.data.validate(full=True)
     # datasets and Arrow raise many types (JSON, Arrow, OS, key errors) for damaged files; all
     # mean the same to the user.
     except Exception as exc:
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TmtError(f"the run's saved split {path} is damaged or missing ({detail}); "
-                       f"restore the run directory from a backup or start a new run") from None
+        raise _damaged_split(path, exc) from None
     return ds
 
 
+def open_streamed_split(path: Path, check_contents: bool = True) -> StreamedSplit:
+    """The train split (of any size) as a stream. Its files are named by the folder's
+    state.json (what Dataset.save_to_disk writes, so runs of older tmt open too); each file's
+    schema (at its head) and end-of-stream marker (at its tail: a cut file lacks it) are
+    checked. With `check_contents` they are also read through and validated, which a training
+    start skips: it reads the train split's token store, not its text."""
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        split = StreamedSplit([path / entry["filename"] for entry in state["_data_files"]])
+        for file in split.files:
+            with pa.OSFile(str(file)) as handle:
+                schema = pa.ipc.open_stream(handle).schema
+                if not {"src", "tgt"} <= set(schema.names):
+                    raise ValueError("not a split with 'src' and 'tgt' columns")
+                handle.seek(handle.size() - len(ARROW_END_OF_STREAM))
+                if handle.read() != ARROW_END_OF_STREAM:
+                    raise ValueError("the file is cut short (no end-of-stream marker)")
+        if check_contents:
+            split._num_rows = 0
+            for batch in split.record_batches():
+                batch.validate(full=True)
+                split._num_rows += batch.num_rows
+    except Exception as exc:        # as in load_split: every failure means the same
+        raise _damaged_split(path, exc) from None
+    return split
+
+
+def _damaged_split(path: Path, exc: Exception) -> TmtError:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return TmtError(f"the run's saved split {path} is damaged or missing ({detail}); "
+                    f"restore the run directory from a backup or start a new run")
+
+
 def load_splits(directory: Path, check_train: bool = True) -> Splits:
-    return Splits(**{name: load_split(directory / name, check_train or name != "train")
-                     for name in SPLIT_NAMES})
+    return Splits(train=open_streamed_split(directory / "train", check_train),
+                  valid=load_split(directory / "valid"), test=load_split(directory / "test"))

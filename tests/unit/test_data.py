@@ -8,6 +8,7 @@ from conftest import sample_pairs, write_tsv
 from transformer_mt.config import DataConfig, TokenizerConfig
 from transformer_mt.data import (
     clean_pairs,
+    column,
     load_corpus,
     normalize_text,
     prepare_splits,
@@ -222,6 +223,7 @@ def test_max_pairs_is_a_seeded_sample_not_the_head(tmp_path):
     path = write_tsv(tmp_path / "c.tsv", pairs)
     cfg = DataConfig(source="tsv", path=str(path), max_pairs=100, valid_size=10, test_size=10)
     splits = prepare_splits(cfg, tmp_path / "a")
-    kept = {s for _, ds in splits.items() for s in ds["src"]}
+    kept = {s for _, ds in splits.items() for s in column(ds, "src")}
     assert len(kept) == 100 and kept != {f"s{i}" for i in range(100)}
-    assert kept == {s for _, ds in prepare_splits(cfg, tmp_path / "b").items() for s in ds["src"]}
+    again = prepare_splits(cfg, tmp_path / "b")
+    assert kept == {s for _, ds in again.items() for s in column(ds, "src")}
