@@ -17,6 +17,8 @@ from .tokenizer import TextCodec
 
 # --------------------------------------------------------------------------- batch plan
 
+GROUP_CHUNK = 1 << 20         # examples coded (shape groups, random tie-breaks) at a time
+
 class TokenBatchSampler:
     """Length-bucketed batches of at most `batch_tokens` padded positions, as fairseq --max-tokens.
 
@@ -62,10 +64,11 @@ class TokenBatchSampler:
         # differ between epochs. Two stable sorts give np.lexsort's order over all the keys: by
         # the tie-break first, then by the (length, sides) group, a radix sort on small integers.
         if self.shuffle:
-            order = np.argsort(rng.random(len(self.lengths)), kind="stable")
+            order = _compact(np.argsort(_random_integers(rng, len(self.lengths)),
+                                        kind="stable"))
             order = order[np.argsort(self._shape_group[order], kind="stable")]
         else:
-            order = np.argsort(self._shape_group, kind="stable")
+            order = _compact(np.argsort(self._shape_group, kind="stable"))
         starts = _batch_starts(self.lengths[order], self.batch_tokens)
         batches = np.split(order, starts[1:]) if len(order) else []
         if self.shuffle:
@@ -111,16 +114,45 @@ def _shape_groups(lengths: np.ndarray, sides: np.ndarray) -> np.ndarray:
     radix = int(lengths.max(initial=0)) + 1
     if radix ** len(columns) <= 2 ** 24:
         # Lengths are bounded by data.max_len: a mixed-radix code per example compares as its
-        # row does, and a table of the codes present ranks them in linear time.
-        codes = np.zeros(len(lengths), dtype=np.int64)
-        for column in columns:
-            codes = codes * radix + column
-        present = np.bincount(codes, minlength=radix ** len(columns)) > 0
-        groups, distinct = (np.cumsum(present) - 1)[codes], int(present.sum())
-    else:
-        distinct_rows, groups = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
-        distinct = len(distinct_rows)
-    return groups.astype(np.int16 if distinct <= np.iinfo(np.int16).max else np.int64)
+        # row does, and a table of the codes present ranks them in linear time. The codes are
+        # made a chunk of examples at a time (64-bit codes for all would be 8 bytes a pair).
+        def codes(rows: slice) -> np.ndarray:
+            code = np.zeros(len(lengths[rows]), dtype=np.int64)
+            for column in columns:
+                code = code * radix + column[rows]
+            return code
+
+        chunks = [slice(start, start + GROUP_CHUNK) for start in range(0, len(lengths),
+                                                                        GROUP_CHUNK)]
+        present = np.zeros(radix ** len(columns), dtype=bool)
+        for rows in chunks:
+            present[codes(rows)] = True
+        rank, distinct = np.cumsum(present) - 1, int(present.sum())
+        groups = np.empty(len(lengths), dtype=_group_dtype(distinct))
+        for rows in chunks:
+            groups[rows] = rank[codes(rows)]
+        return groups
+    distinct_rows, groups = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+    return groups.astype(_group_dtype(len(distinct_rows)))
+
+
+def _random_integers(rng: np.random.Generator, count: int) -> np.ndarray:
+    """rng.random(count) as the integers k of its draws k / 2**53, drawn a chunk at a time (the
+    same stream as one call): k orders exactly as the draws do, numpy sorts 64-bit integers
+    twice as fast as floats, and no float array of the whole count is held beside them."""
+    out = np.empty(count, dtype=np.uint64)
+    for start in range(0, count, GROUP_CHUNK):
+        out[start:start + GROUP_CHUNK] = rng.random(min(GROUP_CHUNK, count - start)) * 2.0 ** 53
+    return out
+
+
+def _compact(indices: np.ndarray) -> np.ndarray:
+    """Example indices held for an epoch's plan: 4 bytes each where they fit."""
+    return indices.astype(np.int32) if len(indices) <= np.iinfo(np.int32).max else indices
+
+
+def _group_dtype(distinct: int) -> type:
+    return np.int16 if distinct <= np.iinfo(np.int16).max else np.int64
 
 
 def _batch_starts(sorted_lengths: np.ndarray, batch_tokens: int) -> np.ndarray:

@@ -90,7 +90,7 @@ def trainable_pairs(pairs: TokenStore, max_len: int) -> tuple[Dataset, np.ndarra
                        f"on a side; raise data.max_len")
     log.info("%d of %d training pairs dropped: longer than data.max_len=%d subword tokens on a "
              "side", len(pairs) - len(kept), len(pairs), max_len)
-    return Subset(pairs, kept.tolist()), lengths[kept]
+    return Subset(pairs, kept), lengths[kept]
 
 
 # --------------------------------------------------------------------------- the entry point

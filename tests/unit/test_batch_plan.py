@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import TATOEBA
 
+from transformer_mt import batching
 from transformer_mt.batching import TokenBatchSampler
 
 
@@ -45,6 +46,20 @@ def test_plan_equals_the_per_example_loop_on_random_lengths(batch_tokens, shuffl
     pairs = rng.integers(2, 120, size=(3000, 2))
     assert_same_plan(TokenBatchSampler(pairs, batch_tokens, seed=3, shuffle=shuffle))
     assert_same_plan(TokenBatchSampler(pairs[:, 0], batch_tokens, seed=3, shuffle=shuffle))
+
+
+def test_plan_is_the_same_when_coded_a_few_examples_at_a_time(monkeypatch):
+    # Shape groups and random tie-breaks are made a chunk at a time (a million examples in
+    # use); chunks of 7 must give the plan of one pass.
+    monkeypatch.setattr(batching, "GROUP_CHUNK", 7)
+    pairs = np.random.default_rng(5).integers(2, 60, size=(500, 2))
+    assert_same_plan(TokenBatchSampler(pairs, 300, seed=2))
+
+
+def test_plan_holds_four_bytes_an_example():
+    sampler = TokenBatchSampler(np.random.default_rng(0).integers(2, 60, size=(1000, 2)), 300,
+                                seed=0)
+    assert {batch.dtype for batch in sampler.batches(0)} == {np.dtype(np.int32)}
 
 
 def test_plan_equals_the_per_example_loop_with_lengths_past_the_table():

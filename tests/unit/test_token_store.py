@@ -7,6 +7,7 @@ import torch
 from transformer_mt.batching import Collator, TokenBatchSampler, make_loader
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import TmtError
+from transformer_mt import token_store
 from transformer_mt.token_store import TokenStore, write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 
@@ -38,7 +39,9 @@ def test_ids_read_back_equal_those_written(tmp_path, vocab_size, dtype):
         sum(len(s) for s, _ in pairs) * np.dtype(dtype).itemsize
 
 
-def test_lengths_come_from_the_offsets(tmp_path):
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_lengths_come_from_the_offsets(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(token_store, "OFFSETS_CHUNK", chunk)     # read a few offsets at a time
     pairs = random_pairs(300, 1000)
     store = write_token_store(tmp_path / "s", in_batches(pairs, 50), 1000, 1000)
     expected = [[len(s) + 2, len(t) + 1] for s, t in pairs]
@@ -46,6 +49,13 @@ def test_lengths_come_from_the_offsets(tmp_path):
     (tmp_path / "s" / "src.ids").unlink()
     (tmp_path / "s" / "tgt.ids").unlink()
     assert store.lengths().tolist() == expected
+    assert store.lengths().dtype == np.int16          # 4 bytes a pair
+
+
+def test_lengths_past_int16_are_kept_whole(tmp_path):
+    pairs = [([1] * 40_000, [2]), ([3], [4] * 5)]
+    store = write_token_store(tmp_path / "s", [pairs], 10, 10)
+    assert store.lengths().tolist() == [[40_002, 2], [3, 6]]
 
 
 def test_an_empty_store_opens(tmp_path):
