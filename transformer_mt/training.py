@@ -191,7 +191,8 @@ class _Window:
     """What the steps since the last progress line add up to."""
     loss: float = 0.0        # summed over tokens, finite steps only
     tokens: float = 0.0
-    seconds: float = 0.0
+    seconds: float = 0.0     # in optimizer steps
+    data_seconds: float = 0.0  # waiting for the next batches (DataLoader, collation)
     flops: float = 0.0       # this rank's model FLOPs (for MFU)
 
 
@@ -287,10 +288,14 @@ class Trainer:
             return
         window = self.window
         loss, tokens_per_s = window.loss / window.tokens, window.tokens / window.seconds
+        # The share of the wall time spent waiting for batches: near 0 unless data loading is
+        # the bottleneck (tokens/s counts the steps' time only).
+        data_wait = window.data_seconds / max(window.data_seconds + window.seconds, 1e-9)
         lr = learning_rate(self.cfg.train, self.state.updates)
-        log.info("step %d: loss %.3f, lr %.2e, grad norm %.2f, %.0f tokens/s", self.state.step,
-                 loss, lr, grad_norm, tokens_per_s)
-        scalars = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s}
+        log.info("step %d: loss %.3f, lr %.2e, grad norm %.2f, %.0f tokens/s, data wait %.1f%%",
+                 self.state.step, loss, lr, grad_norm, tokens_per_s, 100 * data_wait)
+        scalars = {"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+                   "data_wait": data_wait}
         if self.peak_flops:
             scalars["mfu"] = window.flops / window.seconds / self.peak_flops
         for key, value in scalars.items():
@@ -318,7 +323,12 @@ class Trainer:
         self.sampler.set_epoch(self.state.epoch, self.state.batch_in_epoch)
         batches = iter(make_loader(self.train_pairs, self.sampler, self.collator,
                                    self.cfg.train.num_workers))
-        while group := list(itertools.islice(batches, self.cfg.train.accumulate)):
+        while True:
+            started = time.perf_counter()
+            group = list(itertools.islice(batches, self.cfg.train.accumulate))
+            self.window.data_seconds += time.perf_counter() - started
+            if not group:
+                return
             yield group
 
     def _take_step(self, group: list[Batch]) -> StepResult:

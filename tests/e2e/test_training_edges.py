@@ -2,7 +2,9 @@
 before the first checkpoint, and the progress lines of train.log."""
 
 import math
+import time
 
+from transformer_mt.batching import Collator
 from transformer_mt.cli import main
 from transformer_mt.events import read_scalars
 from transformer_mt.model import Transformer
@@ -34,10 +36,28 @@ def test_train_log_has_a_progress_line_every_log_every_steps(tmp_path, tiny_conf
     lines = [line for line in (run_dir / "train.log").read_text().splitlines()
              if " INFO step " in line]
     assert [line.split(" INFO step ")[1].split(":")[0] for line in lines] == ["2", "4", "6"]
-    assert all("loss" in line and "lr" in line and "tokens/s" in line for line in lines)
-    # Model FLOPs utilisation goes to TensorBoard with each progress line.
-    mfu = read_scalars(run_dir / "tensorboard")["train/mfu"]
+    assert all("loss" in line and "lr" in line and "tokens/s" in line and "data wait" in line
+               for line in lines)
+    # Model FLOPs utilisation and the share of time spent waiting for batches go to TensorBoard
+    # with each progress line.
+    scalars = read_scalars(run_dir / "tensorboard")
+    mfu, data_wait = scalars["train/mfu"], scalars["train/data_wait"]
     assert [s.step for s in mfu] == [2, 4, 6] and all(0 < s.value < math.inf for s in mfu)
+    assert [s.step for s in data_wait] == [2, 4, 6] and all(0 <= s.value < 1 for s in data_wait)
+
+
+def test_data_wait_shows_when_batches_come_slowly(tmp_path, tiny_config, monkeypatch):
+    real = Collator.__call__
+
+    def slow_collate(self, pairs):
+        time.sleep(0.5)         # far longer than a tiny model's step
+        return real(self, pairs)
+
+    monkeypatch.setattr(Collator, "__call__", slow_collate)
+    run_dir = tmp_path / "run"
+    assert _train(tiny_config, run_dir, "--set", "train.log_every=3", "--max-steps", "3") == 0
+    data_wait = read_scalars(run_dir / "tensorboard")["train/data_wait"]
+    assert [s.step for s in data_wait] == [3] and data_wait[0].value > 0.5
 
 
 def test_faults_before_the_first_checkpoint_name_no_missing_file(tmp_path, tiny_config,
