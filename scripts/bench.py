@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from transformer_mt.batching import Batch, Collator, TokenBatchSampler, make_loader
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.data import clean_pairs, column, load_corpus
+from transformer_mt.corpus import clean_pairs, column, load_corpus
 from transformer_mt.device import pick_device
 from transformer_mt.distributed import (
     DistInfo,

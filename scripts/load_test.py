@@ -62,7 +62,7 @@ def load_sentences(args: argparse.Namespace) -> list[str]:
     else:
         from transformer_mt.evaluate import run_test_set
         from transformer_mt.export import read_manifest
-        from transformer_mt.run import RunDir
+        from transformer_mt.rundir import RunDir
 
         if args.run:
             run = Path(args.run)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import sacrebleu
 
-from .data import column
+from .corpus import column
 from .errors import TmtError
 from .paths import report_path
-from .run import RunDir, load_test_split
+from .pipeline import load_test_split
+from .rundir import RunDir
 from .textio import read_text_lines
 from .translator import Translator
 

@@ -14,7 +14,7 @@ from .checkpoint import human_size, read_checkpoint
 from .config import read_yaml
 from .errors import TmtError
 from .events import read_scalars
-from .run import RunDir
+from .rundir import RunDir
 
 
 def count_state_parameters(model_state: dict[str, torch.Tensor]) -> int:

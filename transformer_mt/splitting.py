@@ -1,6 +1,6 @@
 """Which pairs are kept and which split each goes to, decided on 64-bit keys in bounded memory.
 
-Cleaning (data.py) gives every corpus row three keys: of its normalised pair, of its source and
+Cleaning (corpus.py) gives every corpus row three keys: of its normalised pair, of its source and
 of its target sentence (BLAKE2b, so they are the same in every process). From those alone:
 
 - `first_occurrences`: of the pairs with equal keys (exact duplicates), the first;

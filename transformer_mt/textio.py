@@ -1,6 +1,6 @@
 """Reading users' text files: UTF-8 lines with their line numbers, one clear error for the rest.
 
-Shared by corpus loading (data.py), `tmt translate --input`/stdin and `tmt evaluate --src/--ref`;
+Shared by corpus loading (corpus.py), `tmt translate --input`/stdin and `tmt evaluate --src/--ref`;
 it needs nothing heavier than the standard library, so translation starts without `datasets`.
 """
 

@@ -53,9 +53,9 @@ from .errors import TmtError
 from .logs import log_to_file, setup_logging
 from .model import Transformer, build_model, count_parameters
 from .model.flops import peak_flops, training_flops
+from .pipeline import RunData, load_data, prepare_data, restore_tokenizers
 from .resume import check_resume_config
-from .run import RunData, RunDir, load_data, prepare_data, restore_tokenizers
-from .rundir import claim_for_training
+from .rundir import RunDir, claim_for_training
 from .stopping import StopRequest
 from .token_store import TokenStore
 from .train_step import StepResult, TrainStep, learning_rate

@@ -23,10 +23,10 @@ from typing import Iterable
 import datasets
 
 from .config import TokenizerConfig
-from .data import column, load_splits, sentence_batches
+from .corpus import column, load_splits, sentence_batches
 from .errors import TmtError
 from .evaluate import EvalSet
-from .run import RunDir
+from .rundir import RunDir
 from .textio import read_text_lines
 from .tokenizer import SPACE_MARKER, SPECIAL_TOKENS, train_tokenizer
 

@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 from .batching import Batch, Collator, TokenBatchSampler, make_loader
 from .config import Config
 from .evaluate import corpus_scores
-from .run import RunData
+from .pipeline import RunData
 from .translator import Translator
 
 SAMPLE_TRANSLATIONS = 5

@@ -19,7 +19,8 @@ from transformer_mt.errors import TmtError
 from transformer_mt.export import export_model
 from transformer_mt.loading import load_model
 from transformer_mt.model import build_model
-from transformer_mt.run import RunDir, load_test_split
+from transformer_mt.pipeline import load_test_split
+from transformer_mt.rundir import RunDir
 
 pytest.importorskip("ctranslate2")
 

@@ -6,7 +6,8 @@ from conftest import write_tsv
 
 from transformer_mt.cli import main
 from transformer_mt.evaluate import corpus_scores
-from transformer_mt.run import RunDir, load_data
+from transformer_mt.pipeline import load_data
+from transformer_mt.rundir import RunDir
 from transformer_mt.translator import Translator
 
 

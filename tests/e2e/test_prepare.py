@@ -1,4 +1,4 @@
-"""A run's data path end to end (run.py over data.py): corpus -> split -> tokenizers -> token ids."""
+"""A run's data path end to end (pipeline.py over corpus.py): corpus -> split -> tokenizers -> token ids."""
 
 import itertools
 import logging
@@ -10,8 +10,9 @@ from pathlib import Path
 from conftest import ROOT, sample_pairs
 
 from transformer_mt.config import config_from_dict
-from transformer_mt.data import clean_pairs, column
-from transformer_mt.run import RunDir, load_data, prepare_data
+from transformer_mt.corpus import clean_pairs, column
+from transformer_mt.pipeline import load_data, prepare_data
+from transformer_mt.rundir import RunDir
 
 # The summary line scripts/bench_data.py reads from train.log.
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -117,7 +118,8 @@ MEASURE = """
 import resource, sys
 from pathlib import Path
 from transformer_mt.config import config_from_dict
-from transformer_mt.run import RunDir, load_data, prepare_data
+from transformer_mt.pipeline import load_data, prepare_data
+from transformer_mt.rundir import RunDir
 imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cfg = config_from_dict({"data": {"source": "tsv", "path": sys.argv[1], "valid_size": 100,
                                  "test_size": 100}, "tokenizer": {"min_frequency": 1}})

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_mt import token_store
 from transformer_mt.batching import Collator, TokenBatchSampler, make_loader
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import TmtError
-from transformer_mt import token_store
 from transformer_mt.token_store import TokenStore, write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
 

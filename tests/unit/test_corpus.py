@@ -6,7 +6,7 @@ import pytest
 from conftest import sample_pairs, write_tsv
 
 from transformer_mt.config import DataConfig, TokenizerConfig
-from transformer_mt.data import (
+from transformer_mt.corpus import (
     clean_pairs,
     column,
     load_corpus,

@@ -1,4 +1,4 @@
-"""The data a run owns, from the corpus to token ids on disk (data.py reads, cleans and splits
+"""The data a run owns, from the corpus to token ids on disk (corpus.py reads, cleans and splits
 the corpus; the run directory's layout, ownership and lock are in rundir.py):
 
     corpus -> data.prepare_splits -> data/{train,valid,test}      (frozen split, Arrow)
@@ -25,7 +25,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .config import Config
-from .data import Splits, load_split, load_splits, prepare_splits, record_batches, sentence_batches, texts
+from .corpus import Splits, load_split, load_splits, prepare_splits, record_batches, sentence_batches, texts
 from .errors import TmtError
 from .progress import stage
 

@@ -12,7 +12,7 @@ duplicates, filter by length and split it without leakage, all in bounded memory
 
 Every pass streams the Arrow files record batch by record batch (not memory-mapped: pages read
 once are not kept), so memory grows only by the per-row arrays (at most 30 bytes a row at any
-moment), not by the texts. run.py takes the splits on to tokenizers and token ids.
+moment), not by the texts. pipeline.py takes the splits on to tokenizers and token ids.
 """
 
 from __future__ import annotations
