@@ -49,9 +49,10 @@ configure_openmp()                  # before torch is imported
 import torch
 import torch.nn.functional as F
 
+from transformer_mt.arrow_io import column
 from transformer_mt.batching import Batch, Collator, TokenBatchSampler, make_loader
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.corpus import clean_pairs, column, load_corpus
+from transformer_mt.corpus import clean_pairs
 from transformer_mt.device import pick_device
 from transformer_mt.distributed import (
     DistInfo,
@@ -67,6 +68,7 @@ from transformer_mt.distributed import active as dist_active
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.model.flops import MatmulProbe, training_flops
 from transformer_mt.model.masks import source_tensor, src_pad_mask
+from transformer_mt.readers import load_corpus
 from transformer_mt.search import greedy_search
 from transformer_mt.token_store import TokenStore, write_token_store
 from transformer_mt.tokenizer import TextCodec, normalize_text, train_tokenizer

@@ -27,8 +27,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from transformer_mt.arrow_io import column  # noqa: E402
 from transformer_mt.config import TokenizerConfig, load_config  # noqa: E402
-from transformer_mt.corpus import column, prepare_splits  # noqa: E402
+from transformer_mt.corpus import prepare_splits  # noqa: E402
 from transformer_mt.tokenizer import TextCodec, train_tokenizer  # noqa: E402
 from transformer_mt.unseen import name_swap_set, rare_word_set  # noqa: E402
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from . import __version__
 from .errors import TmtError
 from .logs import setup_logging
 from .openmp import configure_openmp
 from .paths import STDIO, refuse_overwriting_inputs, refuse_overwriting_with_hypotheses
+from .textio import chunks, utf8_lines
 
 STDIN_CHUNK = 256     # lines translated together when streaming from stdin
 
@@ -125,8 +125,6 @@ def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
     """The sentences given as arguments, else the lines of --input FILE or of stdin (`-`), read
     lazily so that a large file is never held in memory at once. Bytes that are not UTF-8 stop
     the command with the line's number."""
-    from .textio import utf8_lines
-
     if sentences:
         yield from sentences
         return
@@ -139,12 +137,6 @@ def _input_lines(sentences: list[str], input_file: str | None) -> Iterator[str]:
         handle, name = sys.stdin.buffer, "stdin"
     with handle:
         yield from utf8_lines(handle, name)
-
-
-def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
-    lines = iter(lines)
-    while chunk := list(itertools.islice(lines, size)):
-        yield chunk
 
 
 def _open_output(path: str | None):
@@ -200,7 +192,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     lines = _prompted_lines() if interactive else _input_lines(args.sentences, args.input)
     with _open_output(args.output) as out:
         index = 0
-        for chunk in _chunks(lines, 1 if interactive else STDIN_CHUNK):
+        for chunk in chunks(lines, 1 if interactive else STDIN_CHUNK):
             if args.nbest > 1:
                 # Moses n-best format: input line number (from 0) ||| translation ||| score.
                 for hyps in translator.translate_nbest(chunk, args.nbest):

@@ -2,7 +2,8 @@
 duplicates, filter by length and split it without leakage, all in bounded memory.
 
     corpus (TSV / two text files / JSONL / parquet / hub)
-      -> reading:   WORK/corpus.arrow, columns `src` and `tgt` (malformed rows counted, skipped)
+      -> reading:   WORK/corpus.arrow, columns `src` and `tgt` (malformed rows counted, skipped;
+                    readers.py)
       -> cleaning:  WORK/clean.arrow, normalised (or truncated) texts, row for row; 64-bit keys
                     of every pair and sentence held in numpy (26 bytes a row with two flags);
                     duplicates (same pair key) and long pairs dropped; the kept pairs' sentences
@@ -10,45 +11,37 @@ duplicates, filter by length and split it without leakage, all in bounded memory
       -> splitting: connected components of that graph dealt out to train / valid / test
                     (splitting.py decides; here each split is written as Arrow)
 
-Every pass streams the Arrow files record batch by record batch (not memory-mapped: pages read
-once are not kept), so memory grows only by the per-row arrays (at most 30 bytes a row at any
+Every pass streams the Arrow files record batch by record batch (arrow_io.py; not memory-mapped:
+pages read once are not kept), so memory grows only by the per-row arrays (at most 30 bytes a row at any
 moment), not by the texts. pipeline.py takes the splits on to tokenizers and token ids.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
-import os
 import random
 import shutil
-import socket
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterator
 
 import datasets
 import numpy as np
 import pyarrow as pa
 from datasets.arrow_writer import ArrowWriter
 
+from .arrow_io import PAIR_FEATURES, StreamedSplit, record_batches, texts, write_pairs
 from .config import DataConfig
 from .errors import TmtError
 from .progress import stage
+from .readers import load_corpus
 from .splitting import SPLIT_NAMES, SentenceGraph, assign_splits, first_occurrences, sentence_graph
-from .textio import utf8_lines
 from .tokenizer import normalize_text, token_limit_end
 
 log = logging.getLogger(__name__)
 
-HUB_HOST = "huggingface.co"
-MALFORMED_LINES_SHOWN = 5
-BATCH_ROWS = 10_000
-PAIR_FEATURES = datasets.Features({"src": datasets.Value("string"),
-                                   "tgt": datasets.Value("string")})
 SPLIT_FILE = "data-00000-of-00001.arrow"        # the name Dataset.save_to_disk gives one shard
 ARROW_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"   # what closes an Arrow IPC stream
 
@@ -61,316 +54,6 @@ class Splits:
 
     def items(self):
         return (("train", self.train), ("valid", self.valid), ("test", self.test))
-
-
-# --------------------------------------------------------------------------- Arrow files
-
-def column(ds: datasets.Dataset, name: str) -> list:
-    """A column as a Python list (through Arrow: much faster than iterating the Dataset); only
-    for splits that fit in memory (valid, test). Read through the arrow format, not `ds.data`,
-    so that a `select`ed dataset gives its selected rows, not its whole table."""
-    if isinstance(ds, StreamedSplit):
-        return [text for batch in sentence_batches(ds, name) for text in batch]
-    return ds.with_format("arrow")[name].to_pylist()
-
-
-def write_pairs(path: Path, batches: Iterable[dict[str, list[str]]]) -> datasets.Dataset:
-    """Write batches of {"src": [...], "tgt": [...]} to an Arrow file, one batch in memory at
-    a time, and open it as a Dataset."""
-    with ArrowWriter(features=PAIR_FEATURES, path=str(path), writer_batch_size=BATCH_ROWS) as out:
-        for batch in batches:
-            out.write_batch(batch)
-        out.finalize()
-    return datasets.Dataset.from_file(str(path))
-
-
-class StreamedSplit:
-    """Pairs in Arrow stream files (a saved split), read one record batch at a time, never
-    memory-mapped. This is how the train split, which can hold tens of millions of pairs, is
-    read: opening it with datasets.load_from_disk pages the whole file into memory (read-ahead
-    over the memory map: 1 GB of RSS for a 10 M-pair split, held for the life of the process),
-    while the pages a stream reads stay in the page cache, not in the process."""
-
-    def __init__(self, files: list[Path], num_rows: int | None = None):
-        self.files, self._num_rows = files, num_rows
-
-    def __len__(self) -> int:
-        if self._num_rows is None:          # counted once, by reading the files through
-            self._num_rows = sum(batch.num_rows for batch in self.record_batches())
-        return self._num_rows
-
-    def record_batches(self) -> Iterator[pa.RecordBatch]:
-        for path in self.files:
-            with pa.OSFile(str(path)) as handle:
-                yield from pa.ipc.open_stream(handle)
-
-
-def record_batches(ds: datasets.Dataset | StreamedSplit) -> Iterator[pa.RecordBatch]:
-    """The rows of `ds` in order, one Arrow record batch at a time, read from its files as a
-    stream: unlike iterating the memory-mapped Dataset, the pages read do not stay in memory."""
-    if isinstance(ds, StreamedSplit):
-        yield from ds.record_batches()
-    elif ds._indices is None and ds.cache_files:
-        yield from StreamedSplit([Path(f["filename"]) for f in ds.cache_files]).record_batches()
-    else:                       # held in memory, or a selection of rows
-        for table in ds.with_format("arrow").iter(BATCH_ROWS):
-            yield from table.to_batches()
-
-
-def texts(batch: pa.RecordBatch, name: str) -> list:
-    return batch.column(batch.schema.get_field_index(name)).to_pylist()
-
-
-def sentence_batches(ds: datasets.Dataset | StreamedSplit, side: str, rows: np.ndarray | None = None,
-                     progress=None) -> Iterator[list[str]]:
-    """One side ("src" or "tgt") of `ds` streamed as lists of sentences, one record batch at a
-    time (the tokenizer trainers take a list at a time much faster than one string at a time);
-    only the rows `rows` (sorted) when given."""
-    start = 0
-    for batch in record_batches(ds):
-        side_texts = texts(batch, side)
-        if rows is not None:
-            here = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + len(side_texts))]
-            side_texts = [side_texts[i - start] for i in here.tolist()]
-        start += batch.num_rows
-        if progress is not None:
-            progress.update(len(side_texts))
-        yield side_texts
-
-
-class _Skipped:
-    """Rows skipped as malformed: how many, and the numbers of the first few (to show)."""
-
-    def __init__(self):
-        self.count, self.first = 0, []
-
-    def add(self, number: int) -> None:
-        self.count += 1
-        if len(self.first) < MALFORMED_LINES_SHOWN:
-            self.first.append(number)
-
-    def report(self, where: str, total: int, unit: str, what: str) -> None:
-        if self.count:
-            more = ", ..." if self.count > MALFORMED_LINES_SHOWN else ""
-            log.warning("%s: skipped %d of %d %s %s (%s %s%s)", where, self.count, total, unit,
-                        what, unit, ", ".join(map(str, self.first)), more)
-
-
-# --------------------------------------------------------------------------- reading
-
-def _local_file(path: str | None, what: str) -> str:
-    if path and Path(path).is_dir():
-        raise TmtError(f"{path} ({what}) is a directory; point the config at a corpus file")
-    if not path or not Path(path).is_file():
-        raise TmtError(f"corpus file not found: {path} ({what}); point the config at an existing "
-                       f"file, e.g. --set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
-    return path
-
-
-def _lines(path: str, progress=None) -> Iterator[str]:
-    """The UTF-8 lines of a file (see textio.utf8_lines), advancing `progress` by bytes read."""
-    try:
-        with open(path, "rb") as handle:
-            read = 0
-            for number, line in enumerate(utf8_lines(handle, path), 1):
-                if progress is not None and number % BATCH_ROWS == 0:
-                    progress.update(handle.tell() - read)
-                    read = handle.tell()
-                yield line
-            if progress is not None:
-                progress.update(handle.tell() - read)
-    except OSError as exc:
-        raise TmtError(f"cannot read {path}: {exc.strerror or exc}") from None
-
-
-def _chunks(items: Iterable, size: int = BATCH_ROWS) -> Iterator[list]:
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
-
-def _load_tsv(cfg: DataConfig, work: Path) -> datasets.Dataset:
-    # Read as plain lines and split on the tab ourselves: a CSV reader would interpret the
-    # quote characters that the Tatoeba file contains.
-    path = _local_file(cfg.path, "data.path")
-    skipped, total = _Skipped(), 0
-
-    def batches(progress) -> Iterator[dict[str, list[str]]]:
-        nonlocal total
-        for lines in _chunks(_lines(path, progress)):
-            src, tgt = [], []
-            for number, line in enumerate(lines, total + 1):
-                fields = line.split("\t")
-                if len(fields) == 2:
-                    src.append(fields[0])
-                    tgt.append(fields[1])
-                else:
-                    skipped.add(number)
-            total += len(lines)
-            yield {"src": src, "tgt": tgt}
-
-    with stage("reading", os.path.getsize(path), unit="B") as progress:
-        ds = write_pairs(work / "corpus.arrow", batches(progress))
-    if not total:
-        raise TmtError(f"{path} is empty: it holds no sentences")
-    skipped.report(path, total, "lines", "that are not 'source<TAB>target'")
-    return ds
-
-
-def _load_text_pair(cfg: DataConfig, work: Path) -> datasets.Dataset:
-    src_path = _local_file(cfg.src_path, "data.src_path")
-    tgt_path = _local_file(cfg.tgt_path, "data.tgt_path")
-    counts = {src_path: 0, tgt_path: 0}
-
-    def counted(path: str, progress) -> Iterator[str]:
-        for line in _lines(path, progress):
-            counts[path] += 1
-            yield line
-
-    def batches(progress) -> Iterator[dict[str, list[str]]]:
-        pairs = itertools.zip_longest(counted(src_path, progress), counted(tgt_path, progress))
-        for chunk in _chunks(pairs):
-            aligned = [(s, t) for s, t in chunk if s is not None and t is not None]
-            yield {"src": [s for s, _ in aligned], "tgt": [t for _, t in aligned]}
-
-    size = os.path.getsize(src_path) + os.path.getsize(tgt_path)
-    with stage("reading", size, unit="B") as progress:
-        ds = write_pairs(work / "corpus.arrow", batches(progress))
-    for path, count in counts.items():
-        if not count:
-            raise TmtError(f"{path} is empty: it holds no sentences")
-    if counts[src_path] != counts[tgt_path]:
-        raise TmtError(f"{src_path} has {counts[src_path]} lines but {tgt_path} has "
-                       f"{counts[tgt_path]}; the two files must be line-aligned")
-    return ds
-
-
-def _as_mapping(row: Any) -> dict:
-    """One row of a `translation` column as a dict ({} for null or junk). When rows have
-    different keys, `datasets` keeps the column as JSON text."""
-    if isinstance(row, str):
-        try:
-            row = json.loads(row)
-        except ValueError:
-            return {}
-    return row if isinstance(row, dict) else {}
-
-
-def _from_translation_column(ds: datasets.Dataset, cfg: DataConfig, where: str,
-                             work: Path) -> datasets.Dataset:
-    """Accept the opus_books schema {"translation": {src: ..., tgt: ...}} or flat src/tgt columns.
-    Rows without a text in both languages are skipped and reported, as malformed TSV lines are."""
-    columns = ds.column_names
-    nested = "translation" in columns
-    if not nested and not (cfg.src_lang in columns and cfg.tgt_lang in columns):
-        raise TmtError(f"{where}: expected a 'translation' column or columns '{cfg.src_lang}' and "
-                       f"'{cfg.tgt_lang}', found: {', '.join(columns)}")
-    if not len(ds):
-        raise TmtError(f"{where} is empty: it holds no sentence pairs")
-    skipped, languages = _Skipped(), set() if nested else set(columns)
-
-    def batches(progress) -> Iterator[dict[str, list[str]]]:
-        row_number = 0
-        for batch in record_batches(ds):
-            if nested:
-                rows = [_as_mapping(row) for row in texts(batch, "translation")]
-                src = [row.get(cfg.src_lang) for row in rows]
-                tgt = [row.get(cfg.tgt_lang) for row in rows]
-                languages.update(lang for row in rows for lang, text in row.items()
-                                 if text is not None)
-            else:
-                src, tgt = texts(batch, cfg.src_lang), texts(batch, cfg.tgt_lang)
-            good = {"src": [], "tgt": []}
-            for number, (s, t) in enumerate(zip(src, tgt), row_number + 1):
-                if isinstance(s, str) and isinstance(t, str):
-                    good["src"].append(s)
-                    good["tgt"].append(t)
-                else:
-                    skipped.add(number)
-            row_number += len(src)
-            progress.update(len(src))
-            yield good
-
-    with stage("reading", len(ds), unit="pairs") as progress:
-        out = write_pairs(work / "corpus.arrow", batches(progress))
-    if not len(out):
-        absent = [lang for lang in (cfg.src_lang, cfg.tgt_lang) if lang not in languages]
-        detail = (f"no language '{absent[0]}' in any row" if absent else
-                  f"no row has a text in both '{cfg.src_lang}' and '{cfg.tgt_lang}'")
-        raise TmtError(f"{where}: {detail} (the rows have: {', '.join(sorted(languages)) or 'none'}"
-                       f"); set data.src_lang / data.tgt_lang")
-    skipped.report(where, len(ds), "rows", f"with no text in '{cfg.src_lang}' or '{cfg.tgt_lang}'")
-    return out
-
-
-def _load_structured(cfg: DataConfig, builder: str, work: Path) -> datasets.Dataset:
-    path = _local_file(cfg.path, "data.path")
-    if os.path.getsize(path) == 0:
-        raise TmtError(f"{path} is empty: it holds no sentence pairs")
-    try:
-        ds = datasets.load_dataset(builder, data_files=path, split="train")
-    except Exception as exc:  # datasets wraps parser errors in several exception types
-        cause = exc.__cause__ or exc
-        raise TmtError(f"{path}: cannot read as {builder} ({type(cause).__name__}: "
-                       f"{str(cause).splitlines()[0] if str(cause) else 'no detail'})") from None
-    return _from_translation_column(ds, cfg, path, work)
-
-
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Probe the hub in a thread so that a hanging DNS lookup cannot stall us either."""
-    result = []
-
-    def probe():
-        try:
-            socket.create_connection((HUB_HOST, 443), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            pass
-
-    thread = threading.Thread(target=probe, daemon=True)
-    thread.start()
-    thread.join(timeout + 0.5)
-    return bool(result)
-
-
-def _hub_offline() -> bool:
-    return any(os.environ.get(var, "").lower() in ("1", "true", "yes", "on")
-               for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def _load_hub(cfg: DataConfig, work: Path) -> datasets.Dataset:
-    alternative = ("or train from a local file: --set data.source=tsv "
-                   "--set data.path=../shared/data/tatoeba-en-it/en-it.tsv")
-    name = f"'{cfg.hub_name}' ({cfg.hub_config})"
-    if not _hub_offline() and not _hub_reachable():
-        raise TmtError(f"cannot reach the Hugging Face hub to load {name}; check the network, "
-                       + alternative)
-    try:
-        ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split="train")
-    except Exception as exc:  # the hub client raises many types; all end the same way for us
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "BuilderConfig" in text or "config" in text.lower() and "not found" in text.lower():
-            raise TmtError(f"unknown language pair '{cfg.hub_config}' for {cfg.hub_name} "
-                           f"({text}); set data.hub_config") from None
-        if _hub_offline():
-            raise TmtError(f"cannot load {name}: the hub is switched off (HF_HUB_OFFLINE / "
-                           f"HF_DATASETS_OFFLINE) and it is not cached; " + alternative) from None
-        raise TmtError(f"cannot load {name} from the hub: {text}; " + alternative) from None
-    return _from_translation_column(ds, cfg, cfg.hub_name, work)
-
-
-def load_corpus(cfg: DataConfig, work: Path) -> datasets.Dataset:
-    """The raw corpus as an Arrow file in the folder `work`, opened as a Dataset with columns
-    `src` and `tgt` (not yet cleaned)."""
-    datasets.disable_progress_bars()
-    work.mkdir(parents=True, exist_ok=True)
-    if cfg.source == "hub":
-        return _load_hub(cfg, work)
-    if cfg.source == "tsv":
-        return _load_tsv(cfg, work)
-    if cfg.source == "text":
-        return _load_text_pair(cfg, work)
-    return _load_structured(cfg, {"jsonl": "json", "parquet": "parquet"}[cfg.source], work)
 
 
 # --------------------------------------------------------------------------- cleaning

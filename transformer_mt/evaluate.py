@@ -10,7 +10,7 @@ from pathlib import Path
 
 import sacrebleu
 
-from .corpus import column
+from .arrow_io import column
 from .errors import TmtError
 from .paths import report_path
 from .pipeline import load_test_split

@@ -23,9 +23,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 
+from .arrow_io import record_batches, sentence_batches, texts
 from .checkpoint import Checkpoint
 from .config import Config
-from .corpus import Splits, load_split, load_splits, prepare_splits, record_batches, sentence_batches, texts
+from .corpus import Splits, load_split, load_splits, prepare_splits
 from .errors import TmtError
 from .progress import stage
 

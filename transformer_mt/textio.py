@@ -6,8 +6,9 @@ it needs nothing heavier than the standard library, so translation starts withou
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from .errors import TmtError
 
@@ -41,3 +42,10 @@ def read_text_lines(path: str | Path, allow_empty: bool = False) -> list[str]:
     if not lines and not allow_empty:
         raise TmtError(f"{path} is empty: it holds no sentences")
     return lines
+
+
+def chunks(items: Iterable, size: int) -> Iterator[list]:
+    """`items` in lists of `size` (the last one shorter): lines read in batches."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk

@@ -22,8 +22,9 @@ from typing import Iterable
 
 import datasets
 
+from .arrow_io import column, sentence_batches
 from .config import TokenizerConfig
-from .corpus import column, load_splits, sentence_batches
+from .corpus import load_splits
 from .errors import TmtError
 from .evaluate import EvalSet
 from .rundir import RunDir

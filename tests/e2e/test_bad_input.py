@@ -8,8 +8,8 @@ import pytest
 from conftest import run_tmt, tiny_config_text, write_tsv
 
 from transformer_mt.config import DataConfig
-from transformer_mt.corpus import load_corpus
 from transformer_mt.errors import TmtError
+from transformer_mt.readers import load_corpus
 
 
 def _error_line(result) -> str:
@@ -86,13 +86,13 @@ def test_unknown_language_pair(tmp_path):
 def test_unknown_hub_dataset(monkeypatch, tmp_path):
     import datasets
 
-    from transformer_mt import corpus
+    from transformer_mt import readers
 
     def not_found(*args, **kwargs):
         raise datasets.exceptions.DatasetNotFoundError("Dataset 'nobody/nothing' doesn't exist")
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.delenv("HF_DATASETS_OFFLINE")
-    monkeypatch.setattr(corpus, "_hub_reachable", lambda timeout=3.0: True)
+    monkeypatch.setattr(readers, "_hub_reachable", lambda timeout=3.0: True)
     monkeypatch.setattr(datasets, "load_dataset", not_found)
     with pytest.raises(TmtError, match="cannot load 'nobody/nothing'.*doesn't exist"):
         load_corpus(DataConfig(source="hub", hub_name="nobody/nothing"), tmp_path)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from conftest import ROOT, sample_pairs
 
+from transformer_mt.arrow_io import column
 from transformer_mt.config import config_from_dict
-from transformer_mt.corpus import clean_pairs, column
+from transformer_mt.corpus import clean_pairs
 from transformer_mt.pipeline import load_data, prepare_data
 from transformer_mt.rundir import RunDir
 

@@ -5,17 +5,17 @@ import datasets
 import pytest
 from conftest import sample_pairs, write_tsv
 
+from transformer_mt.arrow_io import column
 from transformer_mt.config import DataConfig, TokenizerConfig
 from transformer_mt.corpus import (
     clean_pairs,
-    column,
-    load_corpus,
     normalize_text,
     prepare_splits,
     sentence_keys,
     split_by_component,
 )
 from transformer_mt.errors import TmtError
+from transformer_mt.readers import load_corpus
 from transformer_mt.splitting import connected_components, sentence_graph
 from transformer_mt.token_store import write_token_store
 from transformer_mt.tokenizer import TextCodec, train_tokenizer
