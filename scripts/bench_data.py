@@ -9,9 +9,11 @@ sentences are about twice as long as Tatoeba's (~15 words a side) and almost all
 real large corpus. Then it runs the real command, as a user would:
 
     tmt train --config CONFIG --set data.path=CORPUS --set data.max_len=100 --max-steps 1
-    tmt train --run-dir RUN --resume --max-steps 2 --set train.log_every=1
+    tmt train --run-dir RUN --resume --max-steps 1+R --set train.log_every=1   (R: --resume-steps)
 
-and reports for each: wall time (for the resume also the time until its first step is logged),
+and reports for each: wall time (for the resume also the time until its first step is logged,
+and over its steps after the first: the median tokens/s and the mean share of time spent
+waiting for batches, `data wait`, as train.log reports them),
 and peak memory of the whole process tree (the largest sum of
 the proportional set sizes of tmt and its DataLoader workers, sampled every 0.2 s; PSS counts a
 page shared by k processes as 1/k in each, so memory-mapped data read by every worker is counted
@@ -41,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
 STAGE_LINE = re.compile(r"stage (?P<name>[\w ]+): (?P<seconds>[\d.]+) s"
                         r"(?:.*peak RSS (?P<peak_mb>[\d,]+) MB)?")
-STEP_LINE = re.compile(r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO step \d+:",
+STEP_LINE = re.compile(r"^(?P<stamp>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO step \d+:"
+                       r"(?:.* (?P<tokens_per_s>[\d.]+) tokens/s, data wait (?P<data_wait>[\d.]+)%)?",
                        re.MULTILINE)
 WRITE_CHUNK = 200_000
 
@@ -143,6 +146,21 @@ def first_step_seconds(run_dir: Path, started_at: float) -> float | None:
     return None
 
 
+def step_rates(run_dir: Path, started_at: float) -> dict:
+    """Median tokens/s and mean data wait (%) of the step lines logged after `started_at`, the
+    first one (warm-up) left out."""
+    log = run_dir / "train.log"
+    found = [m for m in STEP_LINE.finditer(log.read_text()) if m["tokens_per_s"]
+             and datetime.strptime(m["stamp"], "%Y-%m-%d %H:%M:%S,%f").timestamp() >= started_at]
+    found = found[1:]
+    if not found:
+        return {}
+    return {"steps": len(found),
+            "median_tokens_per_s": float(np.median([float(m["tokens_per_s"]) for m in found])),
+            "mean_data_wait_percent": round(float(np.mean([float(m["data_wait"])
+                                                           for m in found])), 2)}
+
+
 def bench_size(pairs: int, args: argparse.Namespace) -> dict:
     corpus = synthetic_corpus(Path(args.source), pairs, args.work / f"synthetic_{pairs}.tsv")
     run_dir = args.work / f"run_{pairs}_{int(time.time())}"
@@ -152,9 +170,12 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
                                                                       args.set), [])]
     prepare = measure([*tmt, "--config", str(args.config), *overrides, "--run-dir", str(run_dir),
                        "--max-steps", "1"], args.work / f"prepare_{pairs}.log")
-    resume = measure([*tmt, "--run-dir", str(run_dir), "--resume", "--max-steps", "2",
-                      "--set", "train.log_every=1"], args.work / f"resume_{pairs}.log")
-    resume["first_step_seconds"] = first_step_seconds(run_dir, resume.pop("started_at"))
+    resume = measure([*tmt, "--run-dir", str(run_dir), "--resume", "--max-steps",
+                      str(1 + args.resume_steps), "--set", "train.log_every=1"],
+                     args.work / f"resume_{pairs}.log")
+    started_at = resume.pop("started_at")
+    resume["first_step_seconds"] = first_step_seconds(run_dir, started_at)
+    resume.update(step_rates(run_dir, started_at))
     prepare.pop("started_at")
     result = {"pairs": pairs, "prepare": prepare, "resume": resume,
               "stages": stage_lines(run_dir)}
@@ -172,6 +193,8 @@ def main() -> int:
                         help="where corpora (cached) and runs go")
     parser.add_argument("--max-len", type=int, default=100)
     parser.add_argument("--workers", type=int, default=0, help="train.num_workers")
+    parser.add_argument("--resume-steps", type=int, default=1,
+                        help="steps the resume trains (tokens/s and data wait over all but the first)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="more config overrides")
     parser.add_argument("--keep-runs", action="store_true")
@@ -189,7 +212,9 @@ def main() -> int:
             print(f"{pairs:>11,} pairs: prepare {r['prepare']['seconds']} s, peak "
                   f"{r['prepare']['peak_tree_mb']} MB (exit {r['prepare']['exit_code']}); "
                   f"resume {r['resume']['seconds']} s (first step after "
-                  f"{r['resume']['first_step_seconds']} s), peak {r['resume']['peak_tree_mb']} MB; "
+                  f"{r['resume']['first_step_seconds']} s), peak {r['resume']['peak_tree_mb']} MB, "
+                  f"{r['resume'].get('median_tokens_per_s')} tokens/s, data wait "
+                  f"{r['resume'].get('mean_data_wait_percent')}%; "
                   f"stages {r['stages']}", flush=True)
     if args.json:
         print(json.dumps({"config": str(args.config), "workers": args.workers,

@@ -2,12 +2,19 @@
 before the first checkpoint, and the progress lines of train.log."""
 
 import math
+import sys
 import time
+
+from conftest import ROOT
 
 from transformer_mt.batching import Collator
 from transformer_mt.cli import main
 from transformer_mt.events import read_scalars
 from transformer_mt.model import Transformer
+
+# The step line scripts/bench_data.py reads from train.log.
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_data import STEP_LINE  # noqa: E402
 
 
 def _train(tiny_config, run_dir, *extra: str) -> int:
@@ -38,6 +45,9 @@ def test_train_log_has_a_progress_line_every_log_every_steps(tmp_path, tiny_conf
     assert [line.split(" INFO step ")[1].split(":")[0] for line in lines] == ["2", "4", "6"]
     assert all("loss" in line and "lr" in line and "tokens/s" in line and "data wait" in line
                for line in lines)
+    parsed = [m for m in STEP_LINE.finditer((run_dir / "train.log").read_text())]
+    assert len(parsed) == 3 and all(float(m["tokens_per_s"]) > 0 and 0 <= float(m["data_wait"]) < 100
+                                    for m in parsed)
     # Model FLOPs utilisation and the share of time spent waiting for batches go to TensorBoard
     # with each progress line.
     scalars = read_scalars(run_dir / "tensorboard")
