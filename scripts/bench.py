@@ -81,7 +81,7 @@ TATOEBA = ROOT.parent / "shared" / "data" / "tatoeba-en-it" / "en-it.tsv"
 REFERENCE_SOURCE_LENGTH = 350     # the reference pads every source sentence to this length
 
 PRESETS = {
-    # configs/tatoeba_en_it.yaml's model
+    # configs/tatoeba_en_it_word.yaml's model
     "small": ModelConfig(d_model=256, layers=3, heads=4, d_ff=1024, tie_embeddings=True),
     # the paper's base model (configs/opus_books_en_it.yaml)
     "base": ModelConfig(d_model=512, layers=6, heads=8, d_ff=2048),
@@ -324,7 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--d-ff", type=int, help="override the preset's d_ff")
     p.add_argument("--data", default=str(TATOEBA), help="Tatoeba TSV (synthetic if absent)")
     p.add_argument("--corpus-lines", type=int, help="read this many random lines (default all)")
-    p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it.yaml")
+    p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it_word.yaml")
     p.add_argument("--train-pairs", type=int, help="pairs batches come from (default: all)")
     p.add_argument("--batch-tokens", type=int, default=4096)
     p.add_argument("--recompute", action="store_true",

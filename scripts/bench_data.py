@@ -187,7 +187,7 @@ def bench_size(pairs: int, args: argparse.Namespace) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, nargs="+", default=[1_000_000])
-    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "tatoeba_en_it.yaml")
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "tatoeba_en_it_word.yaml")
     parser.add_argument("--source", default=str(TATOEBA), help="TSV to build corpora from")
     parser.add_argument("--work", type=Path, default=Path("/tmp/tmt_bench_data"),
                         help="where corpora (cached) and runs go")

@@ -25,9 +25,9 @@ COMMON=(--set train.keep_last=10 --set train.checkpoint_every=250)
 [[ "$PARALLEL" == 1 ]] && COMMON+=(--set train.threads=1)
 
 declare -A ARGS=(
-  [word]="--config configs/tatoeba_en_it.yaml"                                    # 12.3k / 16k words
-  [word_uncapped]="--config configs/tatoeba_en_it.yaml --set tokenizer.max_vocab=null"  # every word seen twice
-  [bpe]="--config configs/tatoeba_en_it_bpe.yaml"                                 # 8k joint BPE
+  [word]="--config configs/tatoeba_en_it_word.yaml"                               # 12.3k / 16k words
+  [word_uncapped]="--config configs/tatoeba_en_it_word.yaml --set tokenizer.max_vocab=null"  # every word seen twice
+  [bpe]="--config configs/tatoeba_en_it.yaml"                                     # 8k joint BPE
   [unigram]="--config configs/tatoeba_en_it_unigram.yaml"                         # 8k joint unigram
 )
 
@@ -63,10 +63,12 @@ for variant in $ONLY; do
 done
 wait
 
-# Evaluation runs after all training, one variant at a time.
+# Evaluation runs after all training, one variant at a time, of each variant's last.pt: the model
+# as the budget left it (best.pt can be up to train.valid_every steps older, a different amount
+# for each variant).
 for variant in "${trained[@]}"; do
   for beam in 1 4; do
-    $TMT evaluate --run "$OUT/$variant" --beam "$beam" --unseen >/dev/null
+    $TMT evaluate --run "$OUT/$variant" --checkpoint last --beam "$beam" --unseen >/dev/null
   done
 done
 
@@ -76,7 +78,7 @@ out, variants = pathlib.Path(sys.argv[1]), sys.argv[2:]
 print("variant | beam | test BLEU / chrF | rare_words BLEU | names BLEU | outputs with [UNK]")
 for variant in variants:
     for beam in (1, 4):
-        path = out / variant / "eval" / f"test.best.beam{beam}.json"
+        path = out / variant / "eval" / f"test.last.beam{beam}.json"
         if not path.is_file():
             continue
         r = json.loads(path.read_text())

@@ -6,7 +6,7 @@ would make them), and the script counts, for each side, the share of tokens and 
 that would be [UNK] in the test split and in the unseen-words sets built from it
 (transformer_mt/unseen.py), and optionally in extra plain-text files.
 
-    python scripts/vocab_coverage.py --config configs/tatoeba_en_it.yaml \
+    python scripts/vocab_coverage.py --config configs/tatoeba_en_it_word.yaml \
         --caps 8000 12000 16000 24000 32000 0 --min-frequency 1 2 3 \
         --extra-src ../shared/data/newstest2009-en-it/newstest2009.en \
         --extra-tgt ../shared/data/newstest2009-en-it/newstest2009.it [--json]
@@ -62,7 +62,7 @@ def coverage(train: list[str], sets: dict[str, list[str]], caps: list[int],
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/tatoeba_en_it.yaml")
+    parser.add_argument("--config", default="configs/tatoeba_en_it_word.yaml")
     parser.add_argument("--caps", type=int, nargs="+", default=[8000, 12000, 16000, 24000, 0])
     parser.add_argument("--min-frequency", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--extra-src", help="plain text, one source sentence per line")
