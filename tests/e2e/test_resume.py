@@ -108,6 +108,29 @@ def _kill_during_checkpoint_write(process: subprocess.Popen, run_dir: Path) -> b
     return False
 
 
+def _checkpoint_identity(last: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(last)
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def _kill_after_a_new_checkpoint(process: subprocess.Popen, run_dir: Path, delay: float) -> None:
+    """SIGKILL `delay` seconds after a checkpoint newer than the one the process started from
+    lands: a random moment of training that makes progress, whatever the machine's speed (a
+    fixed wall-clock wait let a fast machine finish the run before it was killed)."""
+    last = run_dir / "checkpoints" / "last.pt"
+    started_from = _checkpoint_identity(last)
+    deadline = time.monotonic() + 60
+    while (process.poll() is None and time.monotonic() < deadline
+           and _checkpoint_identity(last) == started_from):
+        time.sleep(0.01)
+    time.sleep(delay)
+    process.kill()
+    process.wait()
+
+
 def test_sigkill_at_random_moments_then_resume_equals_unbroken(tmp_path, resume_config,
                                                                unbroken):
     run_dir = tmp_path / "killed"
@@ -118,11 +141,7 @@ def test_sigkill_at_random_moments_then_resume_equals_unbroken(tmp_path, resume_
         if attempt % 2:
             caught_writing += _kill_during_checkpoint_write(process, run_dir)
         else:
-            try:
-                process.wait(timeout=rng.uniform(3.0, 9.0))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            _kill_after_a_new_checkpoint(process, run_dir, rng.uniform(0.0, 0.15))
         kills += process.returncode == -signal.SIGKILL
         _every_checkpoint_loads(run_dir)
         if process.returncode == 0:
