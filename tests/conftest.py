@@ -44,6 +44,13 @@ def fallback_pairs() -> list[tuple[str, str]]:
     return pairs
 
 
+# For the tests whose property needs real sentences (a 2,000-subword vocabulary, two corpora
+# with different vocabularies, 150k distinct long pairs, a random model whose outputs vary):
+# the fixture's 132 short pairs cannot give them.
+needs_real_text = pytest.mark.skipif(not TATOEBA.is_file(), reason="needs real sentences: "
+                                     "../shared/data is absent (the fixture has 132 pairs)")
+
+
 def sample_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """n real Tatoeba pairs when ../shared/data is present, else the built-in fixture."""
     if TATOEBA.is_file():

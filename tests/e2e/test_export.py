@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_tmt
+from conftest import needs_real_text, run_tmt
 from safetensors import safe_open
 from server_process import TmtServer
 
@@ -58,6 +58,7 @@ def _same_share(a: list, b: list) -> float:
     return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
 
+@needs_real_text
 @pytest.mark.parametrize("changes", [{}, {"norm": "post"}, {"tie_embeddings": True}])
 def test_ctranslate2_float32_greedy_gives_pytorch_tokens(varied_model, sources, tmp_path,
                                                          changes):
@@ -74,6 +75,7 @@ def test_ctranslate2_float32_greedy_gives_pytorch_tokens(varied_model, sources, 
     assert ct2.translate(sources[-3:]) == pytorch.translate(sources[-3:])
 
 
+@needs_real_text
 def test_ctranslate2_beam_and_nbest_rank_and_score_as_pytorch(varied_model, exports, sources):
     # One sentence per batch: CTranslate2 caps a whole batch's length at once, and the
     # random weights here run to the cap (a trained model mostly stops well before it).
@@ -117,6 +119,7 @@ def test_safetensors_export_is_pickle_free_and_decodes_as_the_checkpoint(
             == checkpoint.with_decoding(beam_size=3).translate(sources))
 
 
+@needs_real_text
 def test_int8_is_smaller_and_still_translates(exports, sources):
     float32 = (exports["float32"] / "model.bin").stat().st_size
     int8 = (exports["int8"] / "model.bin").stat().st_size

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, sample_pairs
+from conftest import ROOT, needs_real_text, sample_pairs
 
 from transformer_mt.arrow_io import column
 from transformer_mt.config import config_from_dict
@@ -97,6 +97,7 @@ def test_a_missing_store_is_rebuilt_from_the_saved_split_not_the_corpus(tmp_path
     assert _files(run) == before
 
 
+@needs_real_text
 def test_every_stage_logs_its_time_and_a_sample_trains_the_tokenizers(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     corpus = _corpus(tmp_path / "c.tsv")
@@ -145,6 +146,7 @@ print(len(data.train), grown, opened, mapped, size)
 """
 
 
+@needs_real_text
 def test_preparation_memory_does_not_grow_with_the_corpus(tmp_path):
     pairs, rng = sample_pairs(600), random.Random(0)
     corpus = tmp_path / "big.tsv"

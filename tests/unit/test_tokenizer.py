@@ -1,5 +1,5 @@
 import pytest
-from conftest import sample_pairs
+from conftest import needs_real_text, sample_pairs
 
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.tokenizer import SPECIAL_TOKENS, TextCodec, normalize_text, train_tokenizer
@@ -73,6 +73,7 @@ def _subwords(sentences, max_vocab=400, kind="bpe"):
                                                                 max_vocab=max_vocab)))
 
 
+@needs_real_text
 @pytest.mark.parametrize("kind", ["bpe", "unigram"])
 def test_subword_round_trip_is_lossless_on_many_real_sentences(kind):
     sentences = [normalize_text(side) for pair in sample_pairs(3000, seed=7) for side in pair]
