@@ -1,7 +1,7 @@
 """The data a run owns, from the corpus to token ids on disk (corpus.py reads, cleans and splits
 the corpus; the run directory's layout, ownership and lock are in rundir.py):
 
-    corpus -> data.prepare_splits -> data/{train,valid,test}      (frozen split, Arrow)
+    corpus -> corpus.prepare_splits -> data/{train,valid,test}    (frozen split, Arrow)
            -> tokenizers/{src,tgt}.json                           (trained on the train split)
            -> data/ids/{train,valid}                              (token ids, memory-mapped)
 
