@@ -5,7 +5,7 @@
     torchrun --nproc_per_node=2 scripts/bench.py --json   # data-parallel training throughput
 
 Everything runs through the project's own code: tokenizers from `transformer_mt.tokenizer`,
-token ids in a memory-mapped `TokenStore`, `TokenBatchSampler` + `Collator` batches through the
+token ids in a `TokenStore`, `TokenBatchSampler` + `Collator` batches through the
 DataLoader of `make_loader`,
 the model from `build_model`, optimizer steps through `TrainStep` (loss, backward, clip,
 Adam, Noam) and decoding through `Translator` (greedy and beam search on the key/value cache).

@@ -16,9 +16,9 @@ and over its steps after the first: the median tokens/s and the mean share of ti
 waiting for batches, `data wait`, as train.log reports them),
 and peak memory of the whole process tree (the largest sum of
 the proportional set sizes of tmt and its DataLoader workers, sampled every 0.2 s; PSS counts a
-page shared by k processes as 1/k in each, so memory-mapped data read by every worker is counted
-once). The stage lines that preparation writes to train.log (`stage NAME: S s, ..., peak RSS
-M MB`) give each stage's time and the peak RSS of preparation up to its end (before training
+page shared by k processes as 1/k in each; how much of the peak is pages of mapped files,
+libraries mostly, is reported beside it). The stage lines that preparation writes to train.log
+(`stage NAME: S s, ..., peak RSS M MB`) give each stage's time and the peak RSS of preparation up to its end (before training
 starts).
 
 The absolute times depend on the machine's load; run it alone. Peak memory does not.
@@ -85,13 +85,16 @@ def _process_tree(root: int) -> list[int]:
     return tree
 
 
-def _pss_kb(pid: int) -> int:
+def _pss_kb(pid: int) -> tuple[int, int]:
+    """Proportional set size of `pid` (kB), and the part of it that is pages of mapped files
+    (libraries, and any data file the process maps: page cache, not memory it allocated)."""
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except OSError:
-        return 0
-    found = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
-    return int(found.group(1)) if found else 0
+        return 0, 0
+    found = {key: int(value) for key, value in
+             re.findall(r"^(Pss|Pss_File):\s+(\d+) kB", text, re.MULTILINE)}
+    return found.get("Pss", 0), found.get("Pss_File", 0)
 
 
 def measure(command: list[str], log_file: Path) -> dict:
@@ -102,14 +105,15 @@ def measure(command: list[str], log_file: Path) -> dict:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                    env=dict(os.environ, HF_HUB_OFFLINE="1",
                                             HF_DATASETS_OFFLINE="1"))
-    peak = {"tree_kb": 0, "processes": 0}
+    peak = {"tree_kb": 0, "file_kb": 0, "processes": 0}
 
     def sample() -> None:
         while process.poll() is None:
             tree = _process_tree(process.pid)
-            total = sum(_pss_kb(pid) for pid in tree)
+            sizes = [_pss_kb(pid) for pid in tree]
+            total, file = sum(s for s, _ in sizes), sum(f for _, f in sizes)
             if total > peak["tree_kb"]:
-                peak.update(tree_kb=total, processes=len(tree))
+                peak.update(tree_kb=total, file_kb=file, processes=len(tree))
             time.sleep(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -119,7 +123,8 @@ def measure(command: list[str], log_file: Path) -> dict:
     sampler.join()
     return {"started_at": started_at,
             "seconds": round(time.perf_counter() - started, 1), "exit_code": process.returncode,
-            "peak_tree_mb": round(peak["tree_kb"] / 1024), "processes": peak["processes"],
+            "peak_tree_mb": round(peak["tree_kb"] / 1024),
+            "file_pages_at_peak_mb": round(peak["file_kb"] / 1024), "processes": peak["processes"],
             "peak_rss_main_mb": round(usage.ru_maxrss / 1024)}
 
 
@@ -212,7 +217,8 @@ def main() -> int:
             print(f"{pairs:>11,} pairs: prepare {r['prepare']['seconds']} s, peak "
                   f"{r['prepare']['peak_tree_mb']} MB (exit {r['prepare']['exit_code']}); "
                   f"resume {r['resume']['seconds']} s (first step after "
-                  f"{r['resume']['first_step_seconds']} s), peak {r['resume']['peak_tree_mb']} MB, "
+                  f"{r['resume']['first_step_seconds']} s), peak {r['resume']['peak_tree_mb']} MB "
+                  f"({r['resume']['file_pages_at_peak_mb']} MB of it mapped files), "
                   f"{r['resume'].get('median_tokens_per_s')} tokens/s, data wait "
                   f"{r['resume'].get('mean_data_wait_percent')}%; "
                   f"stages {r['stages']}", flush=True)

@@ -4,7 +4,7 @@
       run.json               written last once the data is prepared: what made the split
       config.yaml            resolved config of the latest start or accepted resume
       data/{train,valid,test}/   the frozen split (datasets on disk)
-      data/ids/{train,valid}/    their token ids, memory-mapped (token_store.py)
+      data/ids/{train,valid}/    their token ids, flat arrays (token_store.py)
       tokenizers/{src,tgt}.json  (the same file twice for a joint BPE vocabulary)
       checkpoints/last.pt, best.pt, stepNNNNNNNN.pt, average_*.pt (tmt average)
       tensorboard/  eval/  train.log

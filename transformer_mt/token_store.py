@@ -1,4 +1,4 @@
-"""Token ids of a split on disk, memory-mapped: one flat id array per side plus offsets.
+"""Token ids of a split on disk: one flat id array per side plus offsets, read from the page cache.
 
 The layout of fairseq's MMapIndexedDataset and nanoGPT's `train.bin`, for pairs:
 
@@ -10,8 +10,17 @@ The layout of fairseq's MMapIndexedDataset and nanoGPT's `train.bin`, for pairs:
 
 Writing appends batch after batch to the files, so memory stays bounded whatever the corpus
 size, into a temporary folder that is renamed to STORE only once everything is on disk: a store
-that is found is complete. Reading maps the files: every process that reads a store (DataLoader
-workers, torchrun ranks) shares one copy in the page cache, and an example is two slices of it.
+that is found is complete.
+
+Reading an example is four positioned reads (`os.pread`) from the page cache: its two offsets
+and its ids on each side, a few dozen bytes. Every process that reads a store (DataLoader
+workers, torchrun ranks) shares the one copy the kernel caches, as with a memory map, but no
+process holds any of it: mapped, the store's pages count in the resident memory of each reader
+as it touches them, and because the kernel maps page-cache folios of up to megabytes a fault,
+a few thousand random examples map nearly the whole file (3,000 random reads mapped 482 of a
+500 MB file here) -- which made a run's memory grow with the corpus (README, "Preparing
+millions of pairs"). A read also cannot fault: a store truncated under a running job gives an
+error, not a SIGBUS.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ SIDES = ("src", "tgt")
 # [SOS] tgt (or tgt [EOS]) on the target side.
 SPECIAL_POSITIONS = {"src": 2, "tgt": 1}
 OFFSETS_CHUNK = 1 << 20          # offsets read at a time by lengths() (8 MB)
+OFFSET = np.dtype(np.int64)
 
 IdRows = Sequence[Sequence[int]]
 
@@ -124,27 +134,34 @@ def _fsync_directory(directory: Path) -> None:
 
 class TokenStore(Dataset):
     """A written store as a torch Dataset: item i is (src_ids, tgt_ids), two read-only numpy
-    slices of the mapped files (no copy), without special tokens.
+    arrays of the ids without special tokens, read from the page cache.
 
-    The files are mapped lazily in each process and the mapping is left out of the pickle, so
-    a DataLoader worker receives a path and a header, not the corpus."""
+    The files are opened lazily in each process and the open files are left out of the pickle,
+    so a DataLoader worker receives a path and a header, not the corpus."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.header = _read_header(self.path)
-        self._mapped: dict[str, np.ndarray] = {}
+        self._dtypes = {side: np.dtype(self.header[side]["dtype"]) for side in SIDES}
+        self._files: dict[str, int] = {}
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_mapped": {}}
+        return {**self.__dict__, "_files": {}}
 
-    def _array(self, side: str, kind: str) -> np.ndarray:
-        """`side`'s ids or offsets, mapped on first use in this process."""
-        name = f"{side}.{kind}"
-        if name not in self._mapped:
-            dtype, count = ((self.header[side]["dtype"], self.header[side]["tokens"])
-                            if kind == "ids" else ("int64", len(self) + 1))
-            self._mapped[name] = _map(self.path / name, dtype, count)
-        return self._mapped[name]
+    def __del__(self):
+        for fd in getattr(self, "_files", {}).values():
+            os.close(fd)
+
+    def _read(self, name: str, dtype: np.dtype, start: int, count: int) -> np.ndarray:
+        """`count` items of `dtype` from file `name`, starting at item `start`."""
+        if name not in self._files:
+            self._files[name] = os.open(self.path / name, os.O_RDONLY)
+        size = count * dtype.itemsize
+        data = os.pread(self._files[name], size, start * dtype.itemsize)
+        if len(data) != size:
+            raise TmtError(f"token store {self.path} is damaged: {name} ends before item "
+                           f"{start + count} (delete the store to rebuild it)")
+        return np.frombuffer(data, dtype=dtype)
 
     def __len__(self) -> int:
         return self.header["pairs"]
@@ -152,33 +169,31 @@ class TokenStore(Dataset):
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         if not 0 <= index < len(self):
             raise IndexError(f"pair {index} of a store of {len(self)}")
-        src, tgt = (self._array(side, "ids")[offsets[index]:offsets[index + 1]]
-                    for side, offsets in ((side, self._array(side, "offsets")) for side in SIDES))
+        src, tgt = (self._ids(side, index) for side in SIDES)
         return src, tgt
+
+    def _ids(self, side: str, index: int) -> np.ndarray:
+        start, end = self._read(f"{side}.offsets", OFFSET, index, 2).tolist()
+        return self._read(f"{side}.ids", self._dtypes[side], start, end - start)
 
     def lengths(self) -> np.ndarray:
         """(N, 2): positions each example occupies in a batch, source and target side, from the
         offsets alone (the ids are not read), in the smallest signed type that holds them
-        (int16 for any sentence under 32k tokens: 4 bytes a pair). The offsets are read from
-        their files a chunk at a time rather than mapped, so their 16 bytes a pair do not stay
-        in the process after start-up."""
-        out = np.empty((len(self), len(SIDES)), dtype=np.int32)
+        (int16 for any sentence under 32k tokens: 4 bytes a pair). The offsets are read a chunk
+        at a time, so their 16 bytes a pair do not stay in the process after start-up."""
+        out = np.empty((len(self), len(SIDES)), dtype=np.int16)
         for column, side in enumerate(SIDES):
             with open(self.path / f"{side}.offsets", "rb") as handle:
-                previous = np.fromfile(handle, dtype=np.int64, count=1)
+                previous = np.fromfile(handle, dtype=OFFSET, count=1)
                 for start in range(0, len(self), OFFSETS_CHUNK):
-                    chunk = np.fromfile(handle, dtype=np.int64,
+                    chunk = np.fromfile(handle, dtype=OFFSET,
                                         count=min(OFFSETS_CHUNK, len(self) - start))
-                    out[start:start + len(chunk), column] = (np.diff(chunk, prepend=previous)
-                                                             + SPECIAL_POSITIONS[side])
+                    lengths = np.diff(chunk, prepend=previous) + SPECIAL_POSITIONS[side]
+                    if lengths.max(initial=0) > np.iinfo(out.dtype).max:
+                        out = out.astype(np.int32)        # a sentence of over 32k tokens
+                    out[start:start + len(chunk), column] = lengths
                     previous = chunk[-1:]
-        return out.astype(np.int16) if out.max(initial=0) <= np.iinfo(np.int16).max else out
-
-
-def _map(path: Path, dtype: str, count: int) -> np.ndarray:
-    if count == 0:
-        return np.zeros(0, dtype=dtype)        # an empty file cannot be mapped
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+        return out
 
 
 def _read_header(path: Path) -> dict:

@@ -1,4 +1,5 @@
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -173,3 +174,37 @@ def test_a_damaged_header_is_refused(tmp_path, header):
     (tmp_path / "train" / "header.json").write_text(header)
     with pytest.raises(TmtError, match="token store"):
         TokenStore(tmp_path / "train")
+
+
+def _resident_file_kb() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("RssFile:"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs Linux's /proc")
+def test_reading_examples_does_not_make_the_store_resident(tmp_path):
+    # 400k pairs, ~24 MB of ids a side, all in the page cache (just written). Mapped, 3,000
+    # random examples made most of the files resident in this process (the kernel maps
+    # page-cache folios of up to megabytes a fault); read, none of it stays.
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 50, size=400_000)
+    store = write_token_store(tmp_path / "big", (
+        ([rng.integers(4, 8000, n) for n in chunk],) * 2
+        for chunk in np.array_split(lengths, 40)), 8000, 8000)
+    store[0]
+    before = _resident_file_kb()
+    for index in rng.integers(0, len(store), 3000):
+        src, tgt = store[int(index)]
+        assert len(src) == lengths[index] and src.min() >= 4 and tgt.max() < 8000  # reads them
+    assert _resident_file_kb() - before < 4 * 1024
+
+
+def test_a_store_truncated_while_read_gives_an_error_not_a_crash(tmp_path):
+    pairs = random_pairs(100, 50, seed=2)
+    store = write_token_store(tmp_path / "train", in_batches(pairs, 10), 50, 50)
+    store[0]                                    # opened before the damage
+    with open(tmp_path / "train" / "tgt.ids", "r+b") as handle:
+        handle.truncate(0)
+    last_with_target = max(i for i, (_, t) in enumerate(pairs) if t)
+    with pytest.raises(TmtError, match="damaged"):        # mapped, reading it was a SIGBUS
+        store[last_with_target][1].tolist()

@@ -36,7 +36,7 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int, first: int | 
                   last: int | None = None) -> torch.Tensor:
     """(B, longest) int64: each row is `first`, the sequence, `last` (those given), then padding.
 
-    Sequences are lists of ids or numpy arrays (slices of a memory-mapped `TokenStore`); the
+    Sequences are lists of ids or numpy arrays (read from a `TokenStore`); the
     batch is assembled in one numpy array, with no Python step per token."""
     lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     longest = int(lengths.max(initial=0))
