@@ -218,9 +218,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if bool(args.src) != bool(args.ref):
         raise TmtError("pass both --src FILE and --ref FILE (line-aligned), or neither to "
                        "evaluate on the run's test split")
-    if args.unseen and args.src:
+    if args.src and args.split:
+        raise TmtError("pass either --split (one of the run's splits) or --src/--ref files, "
+                       "not both")
+    if args.unseen and (args.src or args.split == "valid"):
         raise TmtError("--unseen builds its sets from the run's test split: use it without "
-                       "--src/--ref")
+                       "--src/--ref and --split valid")
     # Refusals that need no model come before torch is imported: a quick error.
     inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", _checkpoint_path(args))]
     if args.output:
@@ -236,7 +239,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if run is None:
             raise TmtError(f"{loaded.weights} is not inside a run directory: pass --run DIR for "
                            f"its test split, or --src FILE --ref FILE")
-        test = run_test_set(run)
+        test = run_test_set(run, args.split or "test")
     hyp_path = Path(args.output) if args.output else default_output(loaded.weights, test, beam)
     refuse_overwriting_with_hypotheses(hyp_path, inputs[:2] + [("the checkpoint",
                                                                 loaded.weights)])
@@ -388,6 +391,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="BLEU and chrF (sacreBLEU) on the run's "
                                    "test split or on --src/--ref files")
     _add_model_options(evaluate)
+    evaluate.add_argument("--split", choices=("test", "valid"), help="the run's split to "
+                          "score (default: test); choose checkpoints and decoding settings on "
+                          "valid, then score test once")
     evaluate.add_argument("--src", metavar="FILE", help="source sentences, one per line")
     evaluate.add_argument("--ref", metavar="FILE", help="reference translations, line-aligned "
                           "with --src")

@@ -13,7 +13,7 @@ import sacrebleu
 from .arrow_io import column
 from .errors import TmtError
 from .paths import report_path
-from .pipeline import load_test_split
+from .pipeline import load_held_out_split
 from .rundir import RunDir
 from .textio import read_text_lines
 from .translator import Translator
@@ -59,13 +59,15 @@ def file_test_set(src: Path, ref: Path) -> EvalSet:
     return EvalSet(src.stem, sources, references)
 
 
-def run_test_set(run: RunDir) -> EvalSet:
-    """The run's own held-out test split (no source sentence of it was trained or validated on)."""
-    test = load_test_split(run)
-    if len(test) == 0:
-        raise TmtError(f"{run.path} has an empty test split (data.test_size: 0); evaluate on "
-                       f"files with --src FILE --ref FILE")
-    return EvalSet("test", column(test, "src"), column(test, "tgt"))
+def run_test_set(run: RunDir, split: str = "test") -> EvalSet:
+    """The run's own held-out test split (no sentence of it was trained or validated on), or
+    with `split="valid"` its whole validation split: the one to choose decoding settings and
+    checkpoints on, so that the test split is scored once, with choices it did not make."""
+    held_out = load_held_out_split(run, split)
+    if len(held_out) == 0:
+        raise TmtError(f"{run.path} has an empty {split} split (data.{split}_size: 0); "
+                       f"evaluate on files with --src FILE --ref FILE")
+    return EvalSet(split, column(held_out, "src"), column(held_out, "tgt"))
 
 
 # --------------------------------------------------------------------------- evaluation

@@ -191,8 +191,10 @@ def _token_store(path: Path, split: datasets.Dataset, src_codec: TextCodec,
     return encode_split(split, src_codec, tgt_codec, path)
 
 
-def load_test_split(run: RunDir) -> datasets.Dataset:
-    path = run.data / "test"
+def load_held_out_split(run: RunDir, name: str = "test") -> datasets.Dataset:
+    """The run's saved "valid" or "test" split."""
+    path = run.data / name
     if not (path / "dataset_info.json").is_file():
-        raise TmtError(f"{run.path} has no saved test split ({path}); is it a tmt run directory?")
+        raise TmtError(f"{run.path} has no saved {name} split ({path}); is it a tmt run "
+                       f"directory?")
     return load_split(path)

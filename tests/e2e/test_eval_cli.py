@@ -82,6 +82,21 @@ def test_evaluate_on_the_test_split_agrees_with_sacrebleu(bpe_run, tmt):
     assert report["bleu"] == pytest.approx(expected, abs=0.01)
 
 
+def test_evaluate_split_valid_scores_the_whole_validation_split(bpe_run, tmt):
+    code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--split", "valid", "--json")
+    assert code == 0
+    report = json.loads(out)
+    references = load_from_disk(str(bpe_run / "data" / "valid"))["tgt"]
+    hypotheses = (bpe_run / "eval" / "valid.best.beam1.hyp").read_text().splitlines()
+    assert report["test_set"] == "valid" and report["sentences"] == len(references)
+    expected = sacrebleu.corpus_bleu(hypotheses, [list(references)]).score
+    assert report["bleu"] == pytest.approx(expected, abs=0.01)
+    for refused in (["--split", "valid", "--unseen"], ["--split", "test", "--src", "a", "--ref", "b"]):
+        code, _, err = tmt("evaluate", "--run", str(bpe_run), *refused)
+        assert code != 0 and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("tmt: "), err
+
+
 def test_evaluate_unseen_scores_the_sets_beside_the_test_split(bpe_run, tmt):
     code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--unseen", "--json")
     assert code == 0

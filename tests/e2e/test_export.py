@@ -19,7 +19,7 @@ from transformer_mt.errors import TmtError
 from transformer_mt.export import export_model
 from transformer_mt.loading import load_model
 from transformer_mt.model import build_model
-from transformer_mt.pipeline import load_test_split
+from transformer_mt.pipeline import load_held_out_split
 from transformer_mt.rundir import RunDir
 
 pytest.importorskip("ctranslate2")
@@ -28,7 +28,7 @@ pytest.importorskip("ctranslate2")
 @pytest.fixture(scope="module")
 def sources(varied_model: Path) -> list[str]:
     run = RunDir(varied_model.parent.parent)
-    return list(load_test_split(run)["src"]) + ["", "Tom", "A much longer sentence, with "
+    return list(load_held_out_split(run)["src"]) + ["", "Tom", "A much longer sentence, with "
                                                 "commas, \"quotes\" and words it never saw."]
 
 
