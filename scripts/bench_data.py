@@ -18,8 +18,8 @@ and peak memory of the whole process tree (the largest sum of
 the proportional set sizes of tmt and its DataLoader workers, sampled every 0.2 s; PSS counts a
 page shared by k processes as 1/k in each; how much of the peak is pages of mapped files,
 libraries mostly, is reported beside it). The stage lines that preparation writes to train.log
-(`stage NAME: S s, ..., peak RSS M MB`) give each stage's time and the peak RSS of preparation up to its end (before training
-starts).
+(`stage NAME: S s, ..., peak RSS M MB`) give each stage's time and the peak RSS of
+preparation up to its end (before training starts).
 
 The absolute times depend on the machine's load; run it alone. Peak memory does not.
 """
