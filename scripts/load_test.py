@@ -60,7 +60,7 @@ def load_sentences(args: argparse.Namespace) -> list[str]:
     if args.sentences:
         lines = Path(args.sentences).read_text(encoding="utf-8").splitlines()
     else:
-        from transformer_mt.evaluate import run_test_set
+        from transformer_mt.evaluate import run_held_out_set
         from transformer_mt.export import read_manifest
         from transformer_mt.rundir import RunDir
 
@@ -70,7 +70,7 @@ def load_sentences(args: argparse.Namespace) -> list[str]:
             run = Path(args.checkpoint).resolve().parent.parent
         else:
             run = Path(read_manifest(Path(args.model))["checkpoint"]).parent.parent
-        lines = run_test_set(RunDir(run)).sources
+        lines = run_held_out_set(RunDir(run)).sources
     lines = [line for line in lines if line.strip()]
     if not lines:
         sys.exit("load_test: no sentences to send")

@@ -228,7 +228,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     inputs = [("--src", args.src), ("--ref", args.ref), ("the checkpoint", _checkpoint_path(args))]
     if args.output:
         refuse_overwriting_with_hypotheses(Path(args.output), inputs)
-    from .evaluate import default_output, evaluate, file_test_set, run_test_set, write_outputs
+    from .evaluate import default_output, evaluate, file_test_set, run_held_out_set, write_outputs
 
     if args.src:
         test = file_test_set(Path(args.src), Path(args.ref))
@@ -239,7 +239,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if run is None:
             raise TmtError(f"{loaded.weights} is not inside a run directory: pass --run DIR for "
                            f"its test split, or --src FILE --ref FILE")
-        test = run_test_set(run, args.split or "test")
+        test = run_held_out_set(run, args.split or "test")
     hyp_path = Path(args.output) if args.output else default_output(loaded.weights, test, beam)
     refuse_overwriting_with_hypotheses(hyp_path, inputs[:2] + [("the checkpoint",
                                                                 loaded.weights)])

@@ -59,7 +59,7 @@ def file_test_set(src: Path, ref: Path) -> EvalSet:
     return EvalSet(src.stem, sources, references)
 
 
-def run_test_set(run: RunDir, split: str = "test") -> EvalSet:
+def run_held_out_set(run: RunDir, split: str = "test") -> EvalSet:
     """The run's own held-out test split (no sentence of it was trained or validated on), or
     with `split="valid"` its whole validation split: the one to choose decoding settings and
     checkpoints on, so that the test split is scored once, with choices it did not make."""

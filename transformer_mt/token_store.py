@@ -154,10 +154,14 @@ class TokenStore(Dataset):
 
     def _read(self, name: str, dtype: np.dtype, start: int, count: int) -> np.ndarray:
         """`count` items of `dtype` from file `name`, starting at item `start`."""
-        if name not in self._files:
-            self._files[name] = os.open(self.path / name, os.O_RDONLY)
         size = count * dtype.itemsize
-        data = os.pread(self._files[name], size, start * dtype.itemsize)
+        try:
+            if name not in self._files:
+                self._files[name] = os.open(self.path / name, os.O_RDONLY)
+            data = os.pread(self._files[name], size, start * dtype.itemsize)
+        except OSError as exc:
+            raise TmtError(f"cannot read token store {self.path}: {name}: "
+                           f"{exc.strerror or exc}") from None
         if len(data) != size:
             raise TmtError(f"token store {self.path} is damaged: {name} ends before item "
                            f"{start + count} (delete the store to rebuild it)")
