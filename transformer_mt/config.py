@@ -58,6 +58,10 @@ class DataConfig:
                             low=1)
     test_size: int = _spec(1000, "the same, held out for testing (tmt evaluate)", low=0)
     seed: int = _spec(1234, "seed of the split (no source or target sentence in two splits)")
+    copy_augment: float = _spec(0.0, "share of the train pairs with a capitalised word carried "
+                                "across unchanged (a name) that are added again with that word "
+                                "replaced on both sides by an invented name: teaches a subword "
+                                "model to copy names it never saw (0: off)", low=0.0, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,11 @@ class TrainConfig:
                              low=0)
     threads: Optional[int] = _spec(None, "torch CPU threads (null: torch's default, one per "
                                    "core)", low=1)
+    init_from: Optional[str] = _spec(None, "fine-tune: start from the weights of this checkpoint "
+                                     "(relative to the config file) with a new optimizer and "
+                                     "schedule, and its tokenizers instead of new ones; model "
+                                     "and tokenizer sections as it was trained (null: random "
+                                     "start)")
     recompute: bool = _spec(False, "recompute each layer's activations in the backward pass "
                             "instead of keeping them: ~1/3 less memory at base size for ~1/4 "
                             "more compute")
@@ -390,7 +399,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
 
 
 def resolve_paths(cfg: Config, base: Path) -> Config:
-    """Data paths in a config file are relative to that file, so a config works from any cwd."""
+    """Paths in a config file (data, train.init_from) are relative to that file, so a config
+    works from any cwd."""
     d = cfg.data
     changes = {}
     for key in ("path", "src_path", "tgt_path"):
@@ -399,7 +409,13 @@ def resolve_paths(cfg: Config, base: Path) -> Config:
             changes[key] = str((base / value).resolve())
         elif value:
             changes[key] = str(Path(value).expanduser())
-    return cfg.replace(data=dataclasses.replace(d, **changes)) if changes else cfg
+    if changes:
+        cfg = cfg.replace(data=dataclasses.replace(d, **changes))
+    init_from = cfg.train.init_from
+    if init_from and not Path(init_from).expanduser().is_absolute():
+        cfg = cfg.replace(train=dataclasses.replace(cfg.train,
+                                                    init_from=str((base / init_from).resolve())))
+    return cfg
 
 
 def save_config(cfg: Config, path: Path) -> None:
@@ -439,7 +455,8 @@ def documented_yaml(cfg: Config | None = None) -> str:
     cfg = cfg or Config()
     values = cfg.to_dict()
     lines = ["# tmt configuration: every key, its value and its meaning (tmt train --print-config).",
-             "# A config file lists only what it changes; data paths are relative to the file.",
+             "# A config file lists only what it changes; its paths (data, train.init_from) are "
+             "relative to the file.",
              "# Override any key on the command line: tmt train --config FILE --set train.lr=3e-4",
              ""]
     top_fields = {f.name: f for f in dataclasses.fields(Config)}

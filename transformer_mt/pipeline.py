@@ -25,9 +25,10 @@ import numpy as np
 
 from .arrow_io import record_batches, sentence_batches, texts
 from .checkpoint import Checkpoint
-from .config import Config
+from .config import Config, DataConfig
 from .corpus import Splits, load_split, load_splits, prepare_splits
 from .errors import TmtError
+from .names import copy_augmented
 from .progress import stage
 
 # RunDir and the run lookups lived here before rundir.py; they are still imported from here.
@@ -58,9 +59,10 @@ class RunData:
     valid: TokenStore
 
 
-def prepare_data(cfg: Config, run: RunDir) -> None:
+def prepare_data(cfg: Config, run: RunDir,
+                 codecs: tuple[TextCodec, TextCodec] | None = None) -> None:
     """Create the run's split, tokenizers and token ids unless it has them (its run.json says
-    so).
+    so); with `codecs` (fine-tuning), those tokenizers are the run's instead of new ones.
 
     Everything is written to a staging folder first and moved into place, run.json last, so a run
     killed half-way through leaves only tmt-named partial state, which the next start removes
@@ -73,10 +75,14 @@ def prepare_data(cfg: Config, run: RunDir) -> None:
         splits = prepare_splits(cfg.data, staging / run.data.name)
         log.info("split: %d train, %d valid, %d test pairs (no sentence in two splits)",
                  len(splits.train), len(splits.valid), len(splits.test))
-        codecs = _train_tokenizers(cfg, splits.train, staging / run.tokenizers.name)
+        if codecs is None:
+            codecs = _train_tokenizers(cfg, splits.train, staging / run.tokenizers.name)
+        else:
+            _save_tokenizers(codecs, staging / run.tokenizers.name)
         for name in ENCODED_SPLITS:
             encode_split(getattr(splits, name), *codecs,
-                         staging / run.ids.relative_to(run.path) / name)
+                         staging / run.ids.relative_to(run.path) / name,
+                         cfg.data if name == "train" else None)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -116,18 +122,41 @@ def _train_tokenizers(cfg: Config, train: datasets.Dataset,
     return codecs[0], codecs[1]
 
 
+def _save_tokenizers(codecs: tuple[TextCodec, TextCodec], directory: Path) -> None:
+    directory.mkdir(parents=True)
+    for side, codec in zip(("src", "tgt"), codecs):
+        codec.save(directory / f"{side}.json")
+    log.info("tokenizers of train.init_from: %d/%d entries", codecs[0].vocab_size,
+             codecs[1].vocab_size)
+
+
 def encode_split(split: datasets.Dataset, src_codec: TextCodec, tgt_codec: TextCodec,
-                 path: Path) -> TokenStore:
-    """Tokenize a split batch by batch into a new token store at `path`."""
+                 path: Path, augment: DataConfig | None = None) -> TokenStore:
+    """Tokenize a split batch by batch into a new token store at `path`; with `augment` (the
+    train split's data config), the copy-augmented pairs it asks for are added after each
+    batch's own (the saved split stays as it was: the unseen-words checks read it)."""
+    added = 0
+
     def batches(progress):
+        nonlocal added
+        first = 0
         for batch in record_batches(split):
-            yield (src_codec.encode_batch(texts(batch, "src")),
-                   tgt_codec.encode_batch(texts(batch, "tgt")))
+            srcs, tgts = texts(batch, "src"), texts(batch, "tgt")
+            if augment is not None and augment.copy_augment > 0:
+                extra_srcs, extra_tgts = copy_augmented(srcs, tgts, augment.copy_augment,
+                                                        augment.seed, first)
+                srcs, tgts, added = srcs + extra_srcs, tgts + extra_tgts, added + len(extra_srcs)
+            yield src_codec.encode_batch(srcs), tgt_codec.encode_batch(tgts)
+            first += batch.num_rows
             progress.update(batch.num_rows)
 
     with stage(f"encoding {path.name}", len(split)) as progress:
-        return write_token_store(path, batches(progress), src_codec.vocab_size,
-                                 tgt_codec.vocab_size)
+        store = write_token_store(path, batches(progress), src_codec.vocab_size,
+                                  tgt_codec.vocab_size)
+    if added:
+        log.info("copy augmentation: %d extra %s pairs with invented names (data.copy_augment "
+                 "%g)", added, path.name, augment.copy_augment)
+    return store
 
 
 def restore_tokenizers(run: RunDir, checkpoint: Checkpoint) -> None:
@@ -163,20 +192,22 @@ def restore_tokenizers(run: RunDir, checkpoint: Checkpoint) -> None:
                            f"other entries): {mismatch}")
 
 
-def load_data(run: RunDir) -> RunData:
+def load_data(run: RunDir, data_cfg: DataConfig | None = None) -> RunData:
     """The run's split, tokenizers and token stores. A store is written at preparation; one that
     is missing (a run prepared by an older tmt, or deleted) is encoded once from the saved
-    split, never from the corpus."""
+    split, never from the corpus, with the copy augmentation `data_cfg` asks for (none
+    without it)."""
     splits = load_splits(run.data, check_train=False)
     src_codec = TextCodec.load(run.tokenizers / "src.json")
     tgt_codec = TextCodec.load(run.tokenizers / "tgt.json")
-    stores = {name: _token_store(run.ids / name, getattr(splits, name), src_codec, tgt_codec)
+    stores = {name: _token_store(run.ids / name, getattr(splits, name), src_codec, tgt_codec,
+                                 data_cfg if name == "train" else None)
               for name in ENCODED_SPLITS}
     return RunData(splits, src_codec, tgt_codec, stores["train"], stores["valid"])
 
 
 def _token_store(path: Path, split: datasets.Dataset, src_codec: TextCodec,
-                 tgt_codec: TextCodec) -> TokenStore:
+                 tgt_codec: TextCodec, augment: DataConfig | None) -> TokenStore:
     """The split's token store; encoded from the split when missing, and again when damaged (it
     is derived data that tmt wrote, in a folder of its own)."""
     if path.is_dir() and not path.is_symlink():
@@ -188,7 +219,7 @@ def _token_store(path: Path, split: datasets.Dataset, src_codec: TextCodec,
     elif not path.exists():
         log.warning("no token store %s (a run prepared by an older tmt?); encoding the saved "
                     "split once", path)
-    return encode_split(split, src_codec, tgt_codec, path)
+    return encode_split(split, src_codec, tgt_codec, path, augment)
 
 
 def load_held_out_split(run: RunDir, name: str = "test") -> datasets.Dataset:

@@ -1,10 +1,16 @@
-"""Which config changes a resumed run accepts: those that keep the model's shape and data."""
+"""Starting from a checkpoint: which config changes a resumed run accepts (those that keep the
+model's shape and data), and the checkpoint a fine-tuning run starts from (train.init_from)."""
 
 from __future__ import annotations
 
-from .checkpoint import Checkpoint
+import logging
+from pathlib import Path
+
+from .checkpoint import Checkpoint, read_checkpoint
 from .config import Config
 from .errors import TmtError
+
+log = logging.getLogger(__name__)
 
 # Changing these would not fit the saved weights, vocabulary or frozen split.
 FIXED_MODEL_KEYS = ("d_model", "layers", "heads", "d_ff", "norm", "tie_embeddings")
@@ -38,3 +44,34 @@ def check_resume_config(cfg: Config, checkpoint: Checkpoint) -> list[str]:
         raise TmtError(f"cannot resume: the config changes what the checkpoint was trained with: "
                        f"{details}; restore them or start a new run with --run-dir")
     return [f"resume: {key} changed from {saved.get(key)!r} to {new[key]!r}" for key in changed]
+
+
+def read_init_checkpoint(cfg: Config) -> Checkpoint:
+    """The checkpoint named by train.init_from, refused in one line unless the run's model shape
+    and tokenizer section are the ones it was trained with."""
+    path = Path(cfg.train.init_from).expanduser()
+    if not path.is_file():
+        raise TmtError(f"train.init_from: no checkpoint file {path}")
+    checkpoint = read_checkpoint(path)
+    if set(checkpoint.tokenizers) != {"src", "tgt"}:
+        raise TmtError(f"train.init_from: {path} holds no copy of its tokenizers (written by an "
+                       f"older tmt?), so a run cannot start from it")
+    saved = checkpoint.settings(str(path))
+    # Its weights fix the model's shape (dropout may change); its tokenizers replace the run's.
+    keys = [("model", key) for key in FIXED_MODEL_KEYS] + [
+        ("tokenizer", key) for key in vars(saved.tokenizer)]
+    differ = [f"{section}.{key} ({theirs!r} there, {ours!r} here)" for section, key in keys
+              if (ours := getattr(getattr(cfg, section), key))
+              != (theirs := getattr(getattr(saved, section), key))]
+    if differ:
+        raise TmtError(f"train.init_from: {path} was trained with other settings: "
+                       f"{', '.join(differ)}; set them as it had them")
+    split_keys = [key for key in vars(saved.data) if key != "copy_augment"
+                  and getattr(saved.data, key) != getattr(cfg.data, key)]
+    if split_keys:
+        # Another corpus is what fine-tuning is for; but the same corpus split another way
+        # would put sentences the checkpoint trained on into this run's valid and test splits.
+        log.warning("train.init_from: %s was trained on other data (%s differ): this run's "
+                    "valid and test sentences may be ones it trained on", path,
+                    ", ".join(f"data.{key}" for key in split_keys))
+    return checkpoint

@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -54,7 +55,7 @@ from .logs import log_to_file, setup_logging
 from .model import Transformer, build_model, count_parameters
 from .model.flops import peak_flops, training_flops
 from .pipeline import RunData, load_data, prepare_data, restore_tokenizers
-from .resume import check_resume_config
+from .resume import check_resume_config, read_init_checkpoint
 from .rundir import RunDir, claim_for_training
 from .stopping import StopRequest
 from .token_store import TokenStore
@@ -133,11 +134,21 @@ def _train(cfg: Config, run: RunDir, resume: bool, info: DistInfo, device_name: 
         torch.set_num_threads(cfg.train.threads)
     device = pick_device(device_name)
     _seed_everything(cfg.train.seed)
-    data = _run_data(cfg, run, checkpoint, info)
+    # Fine-tuning: a new run starts from another run's weights and tokenizers.
+    init = read_init_checkpoint(cfg) if checkpoint is None and cfg.train.init_from else None
+    data = _run_data(cfg, run, checkpoint, info, init)
     model = build_model(cfg.model, data.src_codec.vocab_size, data.tgt_codec.vocab_size,
                         cfg.tokenizer.joint)
     if checkpoint is not None:
         check_fits(checkpoint, model, run.last)
+    if init is not None:
+        if (data.src_codec.to_str(), data.tgt_codec.to_str()) != (init.tokenizers["src"],
+                                                                 init.tokenizers["tgt"]):
+            raise TmtError(f"{run.path} was prepared with other tokenizers than those of "
+                           f"train.init_from; fine-tune in a new run directory")
+        check_fits(init, model, Path(cfg.train.init_from),
+                   advice="train.init_from needs a checkpoint of this model's shape")
+        model.load_state_dict(init.model)
     model.to(device)
     if info.rank:
         torch.manual_seed(cfg.train.seed + info.rank)   # different dropout masks per rank
@@ -154,6 +165,9 @@ def _train(cfg: Config, run: RunDir, resume: bool, info: DistInfo, device_name: 
     if checkpoint is not None:
         log.info("resumed %s at step %d (epoch %d)", run.path, trainer.state.step,
                  trainer.state.epoch)
+    elif init is not None:
+        log.info("fine-tuning: weights and tokenizers of %s (its step %s); new optimizer and "
+                 "schedule", cfg.train.init_from, init.step)
     log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s%s; run %s",
              f"{count_parameters(model):,}", cfg.model.d_model, cfg.model.layers,
              data.src_codec.vocab_size, data.tgt_codec.vocab_size, device,
@@ -167,8 +181,8 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _run_data(cfg: Config, run: RunDir, checkpoint: Checkpoint | None,
-              info: DistInfo) -> RunData:
+def _run_data(cfg: Config, run: RunDir, checkpoint: Checkpoint | None, info: DistInfo,
+              init: Checkpoint | None = None) -> RunData:
     """Rank 0 alone writes the split, the tokenizers and the encoded-ids cache; the other ranks
     wait, then read the very same files (no races, one split for all). A resume never
     prepares: the run's split and tokenizers are its identity."""
@@ -176,11 +190,11 @@ def _run_data(cfg: Config, run: RunDir, checkpoint: Checkpoint | None,
         if checkpoint is not None:
             restore_tokenizers(run, checkpoint)
         else:
-            prepare_data(cfg, run)
-        data = load_data(run)
+            prepare_data(cfg, run, init.codecs() if init is not None else None)
+        data = load_data(run, cfg.data)
     barrier()
     if not info.is_main:
-        data = load_data(run)
+        data = load_data(run, cfg.data)
     return data
 
 

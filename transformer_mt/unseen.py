@@ -27,16 +27,10 @@ from .config import TokenizerConfig
 from .corpus import load_splits
 from .errors import TmtError
 from .evaluate import EvalSet
+from .names import FREQUENT_NAMES, NEW_NAMES
 from .rundir import RunDir
 from .textio import read_text_lines
 from .tokenizer import SPACE_MARKER, SPECIAL_TOKENS, train_tokenizer
-
-# Tatoeba's most frequent names, which its Italian sides keep as they are.
-FREQUENT_NAMES = ("Tom", "Mary", "John", "Alice", "Jack", "Ken", "Bob", "Jim")
-# Replacements; those that occur in a run's training split are not used for it.
-NEW_NAMES = ("Sami", "Yanni", "Layla", "Skura", "Ziri", "Mennad", "Baya", "Rima", "Taninna",
-             "Amastan", "Tiziri", "Ottavio", "Ilaria", "Tancredi", "Priya", "Oskar", "Leandro",
-             "Noemi", "Arturo", "Ingrid")
 
 
 def _words_seen(sentences: Iterable[list[str]], min_count: int) -> set[str]:

@@ -3,6 +3,7 @@
 import itertools
 import logging
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from conftest import ROOT, needs_real_text, sample_pairs
 from transformer_mt.arrow_io import column
 from transformer_mt.config import config_from_dict
 from transformer_mt.corpus import clean_pairs
+from transformer_mt.names import copy_augmented
 from transformer_mt.pipeline import load_data, prepare_data
 from transformer_mt.rundir import RunDir
 
@@ -94,6 +96,30 @@ def test_a_missing_store_is_rebuilt_from_the_saved_split_not_the_corpus(tmp_path
     (run.ids / "train").rmdir()
     corpus.unlink()
     load_data(run)
+    assert _files(run) == before
+
+
+def test_copy_augmentation_adds_its_pairs_to_the_train_store_only(tmp_path):
+    corpus = _corpus(tmp_path / "c.tsv")
+    raw = {"data": {"source": "tsv", "path": str(corpus), "valid_size": 30, "test_size": 30,
+                    "max_len": 20, "copy_augment": 1.0}, "tokenizer": {"min_frequency": 1}}
+    cfg = config_from_dict(raw)
+    run = _prepared(tmp_path, "run", cfg)
+    data = load_data(run, cfg.data)
+    plain = load_data(_prepared(tmp_path, "plain", config_from_dict(
+        {**raw, "data": {**raw["data"], "copy_augment": 0.0}})))
+    srcs, tgts = column(data.splits.train, "src"), column(data.splits.train, "tgt")
+    assert srcs == column(plain.splits.train, "src")          # the saved split is the same
+    extra_srcs, extra_tgts = copy_augmented(srcs, tgts, 1.0, cfg.data.seed, 0)
+    assert extra_srcs and len(data.train) == len(srcs) + len(extra_srcs)
+    for i, (src, tgt) in enumerate(zip(srcs + extra_srcs, tgts + extra_tgts)):
+        assert data.train[i][0].tolist() == data.src_codec.encode(src)
+        assert data.train[i][1].tolist() == data.tgt_codec.encode(tgt)
+    assert len(data.valid) == len(data.splits.valid)
+    # A deleted store is rebuilt with the same extra pairs.
+    before = _files(run)
+    shutil.rmtree(run.ids / "train")
+    load_data(run, cfg.data)
     assert _files(run) == before
 
 

@@ -4,7 +4,8 @@ import re
 
 import datasets
 
-from transformer_mt.unseen import FREQUENT_NAMES, NEW_NAMES, name_swap_set, new_names, rare_word_set
+from transformer_mt.names import FREQUENT_NAMES, NEW_NAMES
+from transformer_mt.unseen import name_swap_set, new_names, rare_word_set
 
 
 def _pairs(rows):
