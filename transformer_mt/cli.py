@@ -256,8 +256,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               f"{report['seconds']:.1f} s, {report['sentences_per_s']:.1f} sentences/s, beam "
               f"{beam}, {loaded.weights}")
         for name, scores in report.get("unseen", {}).items():
+            copied = scores.get("names_copied")
             print(f"{name}: BLEU {scores['bleu']:.2f}, chrF2 {scores['chrf']:.2f} on "
-                  f"{scores['sentences']} sentences ({scores['translated']} distinct sources)")
+                  f"{scores['sentences']} sentences ({scores['translated']} distinct sources)"
+                  + (f"; {copied:.1%} of the new names written as they are" if copied is not None
+                     else ""))
         print(f"hypotheses: {hyp_path}\nreport: {json_path}")
     return 0
 
@@ -265,6 +268,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate_unseen(run, translator, checkpoint: Path) -> dict:
     """Scores on the run's unseen-words sets (`transformer_mt/unseen.py`), keyed by set name."""
     from .evaluate import default_output, evaluate, write_outputs
+    from .names import names_copied
     from .unseen import unseen_sets
 
     results = {}
@@ -278,6 +282,9 @@ def _evaluate_unseen(run, translator, checkpoint: Path) -> dict:
         results[unseen.name] = {key: report[key] for key in (
             "bleu", "chrf", "sentences", "translated", "unknown_source_tokens",
             "outputs_with_unk", "hypotheses")}
+        if unseen.name == "names":
+            copied = names_copied(unseen.sources, hypotheses)
+            results["names"]["names_copied"] = None if copied is None else round(copied, 4)
     return results
 
 

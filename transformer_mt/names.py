@@ -79,3 +79,16 @@ def copy_augmented(srcs: list[str], tgts: list[str], rate: float, seed: int,
         extra_srcs.append(src)
         extra_tgts.append(tgt)
     return extra_srcs, extra_tgts
+
+
+def names_copied(sources: list[str], hypotheses: list[str]) -> float | None:
+    """The share of the occurrences of NEW_NAMES in `sources` that their hypotheses write
+    verbatim (as whole words, at most as often as the source has them); None without any."""
+    found = copied = 0
+    for src, hyp in dict(zip(sources, hypotheses)).items():      # each source once
+        for name in NEW_NAMES:
+            pattern = re.compile(rf"(?<!\w){name}(?!\w)")
+            in_source = len(pattern.findall(src))
+            found += in_source
+            copied += min(in_source, len(pattern.findall(hyp)))
+    return copied / found if found else None

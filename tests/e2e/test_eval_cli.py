@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from transformer_mt.cli import main
 from transformer_mt.config import config_from_dict
 from transformer_mt.model import build_model, count_parameters
+from transformer_mt.names import names_copied
 from transformer_mt.search import Hypothesis
 from transformer_mt.translator import Translator
 
@@ -109,6 +110,11 @@ def test_evaluate_unseen_scores_the_sets_beside_the_test_split(bpe_run, tmt):
         if scores["sentences"]:
             assert 0 <= scores["bleu"] <= 100
             assert len(open(scores["hypotheses"]).read().splitlines()) == scores["sentences"]
+    names = report["unseen"]["names"]
+    if names["sentences"]:
+        sources = (bpe_run / "eval" / "unseen" / "names.src").read_text().splitlines()
+        hypotheses = open(names["hypotheses"]).read().splitlines()
+        assert names["names_copied"] == round(names_copied(sources, hypotheses), 4)
     code, out, _ = tmt("evaluate", "--run", str(bpe_run), "--unseen")
     assert code == 0 and "rare_words: BLEU" in out and "names: BLEU" in out
 

@@ -5,7 +5,7 @@ import re
 
 from conftest import sample_pairs
 
-from transformer_mt.names import NEW_NAMES, copied_words, copy_augmented, invented_name
+from transformer_mt.names import NEW_NAMES, copied_words, copy_augmented, invented_name, names_copied
 
 
 def test_copied_words_are_capitalised_words_found_as_often_on_both_sides():
@@ -49,3 +49,13 @@ def test_augmentation_depends_on_seed_and_pair_index_not_on_batching():
     assert whole != copy_augmented(srcs, tgts, 0.5, seed=8, first_index=0)
     eligible = sum(bool(copied_words(s, t)) for s, t in pairs)
     assert 0.3 * eligible < len(whole[0]) < 0.7 * eligible      # about half of them
+
+
+def test_names_copied_counts_each_new_name_written_as_it_is_once_per_source():
+    sources = ["Ask Sami.", "Ask Sami.", "Sami and Layla met.", "Sami saw Sami.", "Hi."]
+    hypotheses = ["Chiedi a Sami.", "Chiedi a Sami.", "Sami e Laila si sono incontrati.",
+                  "Sami Sami Sami.", "Ciao."]
+    # Distinct sources: 1 of 1, 1 of 2, 2 of 2 (not 3) -> 4 of 5.
+    assert names_copied(sources, hypotheses) == 4 / 5
+    assert names_copied(["Hi."], ["Ciao."]) is None
+    assert names_copied(["Ask Sami."], ["Chiedi a Samira."]) == 0.0
