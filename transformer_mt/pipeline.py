@@ -3,7 +3,9 @@ the corpus; the run directory's layout, ownership and lock are in rundir.py):
 
     corpus -> corpus.prepare_splits -> data/{train,valid,test}    (frozen split, Arrow)
            -> tokenizers/{src,tgt}.json                           (trained on the train split)
-           -> data/ids/{train,valid}                              (token ids, flat arrays)
+           -> data/ids/{train,valid}                              (token ids, flat arrays;
+                                                                   train's with the extra pairs
+                                                                   of data.copy_augment)
 
 Each stage streams its input in batches, so preparation needs memory for a batch and a few
 arrays of per-pair keys, not for the corpus. Saving the split makes a resumed run independent of
