@@ -12,6 +12,7 @@ model needs none of this: it writes [UNK] and --replace-unk copies the source wo
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 
@@ -27,6 +28,13 @@ _CONSONANTS = "bcdfghjklmnprstvwxyz"
 _VOWELS = "aeiou"
 # A capitalised word of letters only, as a whole word (the lookarounds keep "Tom's" -> "Tom").
 _CAPITALISED = re.compile(r"(?<!\w)[^\W\d_][^\W\d_]*(?!\w)")
+
+
+@functools.lru_cache(maxsize=4096)
+def whole_word(word: str) -> re.Pattern:
+    """`word` as a whole word (not inside another: "Tom" in "Tom's", not in "Tomorrow");
+    cached, since augmentation looks for the same few names in hundreds of thousands of pairs."""
+    return re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
 
 
 def invented_name(rng: random.Random) -> str:
@@ -50,7 +58,7 @@ def copied_words(src: str, tgt: str) -> list[str]:
     for word in dict.fromkeys(m.group() for m in _CAPITALISED.finditer(src)):
         if len(word) < 2 or not word[0].isupper() or not word[1:].islower():
             continue
-        pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
+        pattern = whole_word(word)
         if len(pattern.findall(src)) == len(pattern.findall(tgt)):
             found.append(word)
     return found
@@ -74,7 +82,7 @@ def copy_augmented(srcs: list[str], tgts: list[str], rate: float, seed: int,
             continue
         for word in words:
             name = invented_name(rng)
-            pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
+            pattern = whole_word(word)
             src, tgt = pattern.sub(name, src), pattern.sub(name, tgt)
         extra_srcs.append(src)
         extra_tgts.append(tgt)
@@ -87,7 +95,7 @@ def names_copied(sources: list[str], hypotheses: list[str]) -> float | None:
     found = copied = 0
     for src, hyp in dict(zip(sources, hypotheses)).items():      # each source once
         for name in NEW_NAMES:
-            pattern = re.compile(rf"(?<!\w){name}(?!\w)")
+            pattern = whole_word(name)
             in_source = len(pattern.findall(src))
             found += in_source
             copied += min(in_source, len(pattern.findall(hyp)))

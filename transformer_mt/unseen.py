@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import os
 import random
-import re
 from typing import Iterable
 
 import datasets
@@ -27,7 +26,7 @@ from .config import TokenizerConfig
 from .corpus import load_splits
 from .errors import TmtError
 from .evaluate import EvalSet
-from .names import FREQUENT_NAMES, NEW_NAMES
+from .names import FREQUENT_NAMES, NEW_NAMES, whole_word
 from .rundir import RunDir
 from .textio import read_text_lines
 from .tokenizer import SPACE_MARKER, SPECIAL_TOKENS, train_tokenizer
@@ -54,10 +53,6 @@ def rare_word_set(train: datasets.Dataset, test: datasets.Dataset, max_count: in
     return EvalSet("rare_words", sources, references)
 
 
-def _whole_word(name: str) -> re.Pattern:
-    return re.compile(rf"(?<!\w){re.escape(name)}(?!\w)")
-
-
 def new_names(train: datasets.Dataset) -> list[str]:
     """The replacement names that occur in neither language of the training split."""
     seen = _words_seen(itertools.chain(sentence_batches(train, "src"),
@@ -69,7 +64,7 @@ def name_swap_set(train: datasets.Dataset, test: datasets.Dataset, seed: int = 0
     """Test pairs with a frequent name, that name replaced by an unseen one on both sides."""
     replacements = new_names(train)
     rng = random.Random(seed)
-    patterns = [_whole_word(name) for name in FREQUENT_NAMES]
+    patterns = [whole_word(name) for name in FREQUENT_NAMES]
     chosen_for: dict[str, list[str]] = {}      # one choice per source: its references agree
     sources, references = [], []
     for src, ref in zip(column(test, "src"), column(test, "tgt")):
