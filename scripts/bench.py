@@ -160,7 +160,7 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
                    device: torch.device, probe: MatmulProbe, dist_info: DistInfo) -> TrainResult:
     train_cfg = TrainConfig(batch_tokens=args.batch_tokens, seed=args.seed,
                             num_workers=args.num_workers, warmup_steps=4000,
-                            recompute=args.recompute)
+                            recompute=args.recompute, accumulate=args.accumulate)
     cfg = Config(model=model_cfg, train=train_cfg)
     src_codec, tgt_codec = corpus.src_codec, corpus.tgt_codec
     torch.manual_seed(args.seed)        # the same initial weights on every rank
@@ -181,14 +181,17 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
     updates = 0
 
     def step() -> tuple[float, float]:
-        """One optimizer step; its target tokens and model FLOPs, summed over the ranks."""
+        """One optimizer step over `accumulate` batches, as `tmt train` groups them; its target
+        tokens and model FLOPs, summed over the ranks."""
         nonlocal updates
-        batch = next(batches)
-        tokens = train_step([batch], updates).tokens
+        group = list(itertools.islice(batches, train_cfg.accumulate))
+        tokens = train_step(group, updates).tokens
         updates += 1
-        src_len = (batch.src != src_codec.pad_id).sum(dim=1)
-        tgt_len = (batch.tgt_out != tgt_codec.pad_id).sum(dim=1)
-        flops = training_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
+        flops = 0.0
+        for batch in group:
+            src_len = (batch.src != src_codec.pad_id).sum(dim=1)
+            tgt_len = (batch.tgt_out != tgt_codec.pad_id).sum(dim=1)
+            flops += training_flops(model_cfg, tgt_codec.vocab_size, src_len, tgt_len)
         return tokens, sum_across_ranks(flops, device)
 
     for _ in range(args.warmup_steps):
@@ -327,6 +330,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-vocab", type=int, default=16000, help="as configs/tatoeba_en_it_word.yaml")
     p.add_argument("--train-pairs", type=int, help="pairs batches come from (default: all)")
     p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--accumulate", type=int, default=1,
+                   help="train.accumulate: batches per optimizer step (--batch-tokens 2048 "
+                        "--accumulate 2 updates on 4,096 tokens with half the activations)")
     p.add_argument("--recompute", action="store_true",
                    help="train.recompute: recompute activations in the backward pass")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
@@ -389,6 +395,7 @@ def run(args: argparse.Namespace) -> dict:
                   "src_vocab": vocab["src"], "tgt_vocab": vocab["tgt"],
                   "tie_embeddings": model_cfg.tie_embeddings, "parameters": train.parameters},
         "batch_tokens": args.batch_tokens,
+        "accumulate": args.accumulate,
         "recompute": args.recompute,
         "train_steps": train.steps,
         "train_tokens_per_s": train.tokens_per_s,
