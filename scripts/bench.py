@@ -148,6 +148,7 @@ def build_corpus(args: argparse.Namespace) -> Corpus:
 @dataclass
 class TrainResult:
     tokens_per_s: float
+    tokens_per_step: float
     flops_per_token: float
     achieved_gflops: float
     steps: int
@@ -207,8 +208,8 @@ def bench_training(args: argparse.Namespace, corpus: Corpus, model_cfg: ModelCon
             seconds + step_seconds, steps + 1
         # Probe for a fixed share of the step's time, so each step's load is sampled alike.
         probe.sample(args.gemm_share * step_seconds)
-    return TrainResult(tokens / seconds, flops / tokens, flops / seconds / 1e9, steps, seconds,
-                       padding, count_parameters(model))
+    return TrainResult(tokens / seconds, tokens / steps, flops / tokens, flops / seconds / 1e9,
+                       steps, seconds, padding, count_parameters(model))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -399,6 +400,7 @@ def run(args: argparse.Namespace) -> dict:
         "recompute": args.recompute,
         "train_steps": train.steps,
         "train_tokens_per_s": train.tokens_per_s,
+        "train_tokens_per_step": train.tokens_per_step,
         "model_flops_per_token": train.flops_per_token,
         "achieved_gflops": train.achieved_gflops,
         "mfu": train.achieved_gflops / gemm_gflops,

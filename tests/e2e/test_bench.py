@@ -34,6 +34,20 @@ def test_bench_prints_one_json_object_with_the_reported_keys(tmp_path):
     assert report["ct2_float32_same_output"] == "8/8"
 
 
+def test_bench_accumulates_batches_into_one_optimizer_step(tmp_path):
+    """--accumulate K: each timed step takes K batches, as train.accumulate groups them."""
+    def tokens_per_step(*extra: str) -> float:
+        args = ["--json", "--data", str(tmp_path / "absent.tsv"), *TINY, *extra]
+        result = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *args],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["accumulate"] == (int(extra[1]) if extra else 1)
+        return report["train_tokens_per_step"]
+    single, double = tokens_per_step(), tokens_per_step("--accumulate", "2")
+    assert 1.6 * single < double < 2.4 * single
+
+
 def test_bench_under_torchrun_measures_data_parallel_training_once(tmp_path):
     """Two ranks train in step (same step count), their tokens are summed, rank 0 alone prints."""
     args = ["--json", "--data", str(tmp_path / "absent.tsv"), *TINY]
