@@ -48,3 +48,18 @@ def refuse_overwriting_with_hypotheses(hyp_path: Path,
     inputs = list(inputs)
     refuse_overwriting_inputs(hyp_path, inputs)
     refuse_overwriting_inputs(report_path(hyp_path), inputs, "the JSON report")
+    # `tmt evaluate --json --output X.hyp > X.json`: the shell has already opened the report's
+    # file as stdout, and the two writers would interleave into one corrupt file.
+    for what, path in (("the hypotheses", hyp_path), ("the JSON report", report_path(hyp_path))):
+        if _is_stdout(path):
+            raise TmtError(f"standard output is redirected to {path}, where tmt writes "
+                           f"{what}: redirect it to another file")
+
+
+def _is_stdout(path: Path) -> bool:
+    """True if standard output is the file at `path` (the same inode)."""
+    try:
+        out, target = os.fstat(1), os.stat(path)
+    except OSError:
+        return False
+    return (out.st_dev, out.st_ino) == (target.st_dev, target.st_ino)

@@ -139,6 +139,25 @@ def test_evaluate_files_with_beam_and_batch_tokens(bpe_run, tmp_path, tmt):
     assert "3 lines but" in _error_line(mismatched)
 
 
+def test_evaluate_refuses_stdout_redirected_to_its_own_report(bpe_run, tmp_path):
+    """`tmt evaluate --json --output X.hyp > X.json` would interleave two writers in one file."""
+    src, ref = tmp_path / "t.en", tmp_path / "t.it"
+    src.write_text("\n".join(SENTENCES) + "\n")
+    ref.write_text("Amo leggere libri.\nDov'è la stazione?\nTom è mio amico.\n")
+    command = [sys.executable, "-m", "transformer_mt", "evaluate", "--run", str(bpe_run),
+               "--src", str(src), "--ref", str(ref), "--json", "--output", str(tmp_path / "x.hyp")]
+    for target in ("x.json", "x.hyp"):
+        with open(tmp_path / target, "w") as stdout:
+            result = subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, text=True,
+                                    timeout=300)
+        assert "standard output is redirected to" in _error_line(result)
+        assert (tmp_path / target).read_text() == ""
+    with open(tmp_path / "report.json", "w") as stdout:      # elsewhere: one clean JSON object
+        assert subprocess.run(command, stdout=stdout, timeout=300).returncode == 0
+    assert json.loads((tmp_path / "report.json").read_text())["sentences"] == 3
+    assert json.loads((tmp_path / "x.json").read_text())["sentences"] == 3
+
+
 def test_translate_beam_nbest_files_and_checkpoint_names(bpe_run, tmp_path, tmt):
     source = tmp_path / "in.en"
     source.write_text("\n".join(SENTENCES) + "\n")
