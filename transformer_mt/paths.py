@@ -59,7 +59,6 @@ def refuse_overwriting_with_hypotheses(hyp_path: Path,
 def _is_stdout(path: Path) -> bool:
     """True if standard output is the file at `path` (the same inode)."""
     try:
-        out, target = os.fstat(1), os.stat(path)
+        return os.path.samestat(os.fstat(1), os.stat(path))
     except OSError:
         return False
-    return (out.st_dev, out.st_ino) == (target.st_dev, target.st_ino)
