@@ -124,6 +124,9 @@ class TrainConfig:
     max_steps: Optional[int] = _spec(None, "stop after this many optimizer steps in all (null: "
                                      "use max_epochs)", low=0)
     max_epochs: int = _spec(100, "stop after this many passes over the train split", low=1)
+    decay_steps: Optional[int] = _spec(None, "decay the learning rate linearly to zero over the "
+                                       "last N steps before train.max_steps (warm-up, stable, "
+                                       "decay); null: none (needs train.max_steps)", low=1)
     log_every: int = _spec(50, "steps between progress lines in train.log and TensorBoard "
                            "train/* scalars", low=1)
     valid_every: int = _spec(1000, "steps between validations (loss, BLEU, chrF, samples) and "
@@ -306,6 +309,9 @@ def _check_consistency(cfg: Config) -> None:
             raise ConfigError(f"tokenizer.type '{kind}' shares one vocabulary between the "
                               "languages: set model.tie_embeddings: true (source, target and "
                               "output embeddings become one matrix)")
+    if cfg.train.decay_steps is not None and cfg.train.max_steps is None:
+        raise ConfigError(f"train.decay_steps ({cfg.train.decay_steps}) needs train.max_steps: "
+                          "the decay ends there")
     betas = cfg.train.adam_betas
     if len(betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool)
                                   and 0 <= b < 1 for b in betas):

@@ -1,6 +1,7 @@
 """One optimizer step: the label-smoothed loss over a group of batches (gradient accumulation),
-backward, clipping, and Adam at the learning rate of the Noam schedule, a pure function of the
-number of updates applied (as nanoGPT's `get_lr`): nothing about the schedule is checkpointed."""
+backward, clipping, and Adam at the learning rate of the Noam schedule (optionally decayed to
+zero at the end), a pure function of the number of updates applied (as nanoGPT's `get_lr`):
+nothing about the schedule is checkpointed."""
 
 from __future__ import annotations
 
@@ -25,11 +26,23 @@ def noam_factor(step: int, warmup: int) -> float:
     return min(step / warmup, math.sqrt(warmup / step))
 
 
+def decay_factor(updates: int, max_steps: int | None, decay_steps: int | None) -> float:
+    """1 until the last `decay_steps` updates before `max_steps`, then a straight line to zero
+    (the last update still moves, at 1/decay_steps of the rate). At a fixed budget this final
+    annealing beats a rate still high at the end (Hägele et al. 2024, "Scaling laws and
+    compute-optimal training beyond fixed training durations"); measured in the README."""
+    if decay_steps is None or max_steps is None:
+        return 1.0
+    return min(1.0, max(max_steps - updates, 0) / decay_steps)
+
+
 def learning_rate(cfg: TrainConfig, updates: int) -> float:
     """The rate of the update that follows `updates` applied ones. A pure function of the step,
-    so nothing about the schedule is checkpointed, and a resume with a new train.lr or
-    train.warmup_steps follows the new schedule from its next step."""
-    return cfg.lr * noam_factor(updates + 1, cfg.warmup_steps)
+    so nothing about the schedule is checkpointed, and a resume with a new train.lr,
+    train.warmup_steps, train.decay_steps or --max-steps follows the new schedule from its
+    next step."""
+    return (cfg.lr * noam_factor(updates + 1, cfg.warmup_steps)
+            * decay_factor(updates, cfg.max_steps, cfg.decay_steps))
 
 
 @dataclass

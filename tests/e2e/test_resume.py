@@ -179,3 +179,25 @@ def test_sigint_finishes_the_step_saves_and_exits_130(tmp_path, corpus_tsv):
     assert notice in stderr and notice in log.read_text()
     state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
     assert state["step"] > 0
+
+
+def test_a_decay_added_on_resume_equals_a_run_decayed_from_the_start(tmp_path, resume_config,
+                                                                    unbroken):
+    """What the README's schedule comparison relies on: a Noam run stopped where the decay would
+    begin and resumed with train.decay_steps is the run that had the decay from its start."""
+    decay = ["--set", "train.decay_steps=12"]
+    decayed = tmp_path / "decayed"
+    result = run_tmt("train", "--config", str(resume_config), "--run-dir", str(decayed), *decay)
+    assert result.returncode == 0, result.stderr
+    halves = tmp_path / "noam_then_decay"
+    first = run_tmt("train", "--config", str(resume_config), "--run-dir", str(halves),
+                    "--max-steps", str(STEPS - 12))
+    assert first.returncode == 0, first.stderr
+    second = run_tmt("train", "--config", str(resume_config), "--run-dir", str(halves),
+                     "--resume", *decay)
+    assert second.returncode == 0, second.stderr
+    assert "train.decay_steps changed from None to 12" in (halves / "train.log").read_text()
+    _assert_same_training_state(_final_state(halves), _final_state(decayed))
+    # ... and the decay changed the run (unbroken: the same config without it).
+    assert any(not torch.equal(tensor, unbroken["model"][name])
+               for name, tensor in _final_state(decayed)["model"].items())
