@@ -1,5 +1,6 @@
 """Starting from a checkpoint: which config changes a resumed run accepts (those that keep the
-model's shape and data), and the checkpoint a fine-tuning run starts from (train.init_from)."""
+model's shape and data; a learning rate that jumps back up after its decay is allowed with a
+warning), and the checkpoint a fine-tuning run starts from (train.init_from)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint, read_checkpoint
 from .config import Config
 from .errors import TmtError
+from .train_step import learning_rate
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,24 @@ def check_resume_config(cfg: Config, checkpoint: Checkpoint) -> list[str]:
         raise TmtError(f"cannot resume: the config changes what the checkpoint was trained with: "
                        f"{details}; restore them or start a new run with --run-dir")
     return [f"resume: {key} changed from {saved.get(key)!r} to {new[key]!r}" for key in changed]
+
+
+def rising_rate_warning(cfg: Config, checkpoint: Checkpoint) -> str | None:
+    """A line for the log when a resume inside a finished or running decay (train.decay_steps)
+    makes the learning rate jump up again, as a larger --max-steps does: allowed (re-warming is
+    a choice), but rarely what was meant."""
+    saved = checkpoint.settings("checkpoint").train
+    updates = checkpoint.train.updates
+    if saved.decay_steps is None or updates <= saved.max_steps - saved.decay_steps:
+        return None
+    before, after = learning_rate(saved, updates - 1), learning_rate(cfg.train, updates)
+    if after <= 1.5 * before:
+        return None
+    return (f"resume: the learning rate had decayed to {before:.2e} by step {checkpoint.step} "
+            f"(train.decay_steps {saved.decay_steps} before step {saved.max_steps}); with "
+            f"train.max_steps {cfg.train.max_steps} and train.decay_steps "
+            f"{cfg.train.decay_steps} it jumps back to {after:.2e}. To extend a decayed run, "
+            f"resume from a checkpoint taken before its decay began")
 
 
 def read_init_checkpoint(cfg: Config) -> Checkpoint:

@@ -55,7 +55,7 @@ from .logs import log_to_file, setup_logging
 from .model import Transformer, build_model, count_parameters
 from .model.flops import peak_flops, training_flops
 from .pipeline import RunData, load_data, prepare_data, restore_tokenizers
-from .resume import check_resume_config, read_init_checkpoint
+from .resume import check_resume_config, read_init_checkpoint, rising_rate_warning
 from .rundir import RunDir, claim_for_training
 from .stopping import StopRequest
 from .token_store import TokenStore
@@ -162,6 +162,8 @@ def _train(cfg: Config, run: RunDir, resume: bool, info: DistInfo, device_name: 
         save_config(cfg, run.config)
         for change in changes:
             log.info(change)
+        if checkpoint is not None and (warning := rising_rate_warning(cfg, checkpoint)):
+            log.warning(warning)
     if checkpoint is not None:
         log.info("resumed %s at step %d (epoch %d)", run.path, trainer.state.step,
                  trainer.state.epoch)

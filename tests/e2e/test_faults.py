@@ -55,6 +55,25 @@ def test_safe_config_changes_on_resume_are_accepted_and_logged(tmp_path, tiny_co
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["config"]["train"]["lr"] == 0.001
 
 
+def test_resuming_a_decayed_run_with_more_steps_warns_that_the_rate_jumps(tmp_path, tiny_config,
+                                                                        capsys):
+    run_dir = tmp_path / "run"
+    train = ["train", "--config", str(tiny_config), "--run-dir", str(run_dir)]
+    assert main([*train, "--set", "train.decay_steps=3"]) == 0          # max_steps 6
+    capsys.readouterr()
+    assert main([*train, "--resume", "--max-steps", "9", "--set", "train.decay_steps=3"]) == 0
+    err = capsys.readouterr().err
+    assert "the learning rate had decayed to" in err and "by step 6" in err
+    assert "resume from a checkpoint taken before its decay began" in err
+    # Adding a decay to a run that had none, or keeping the schedule, says nothing.
+    plain = tmp_path / "plain"
+    assert main(["train", "--config", str(tiny_config), "--run-dir", str(plain)]) == 0
+    assert main(["train", "--config", str(tiny_config), "--run-dir", str(plain), "--resume",
+                 "--max-steps", "9", "--set", "train.decay_steps=3"]) == 0
+    assert "decayed to" not in capsys.readouterr().err
+    assert "decayed to" not in (plain / "train.log").read_text()
+
+
 def test_rotation_keeps_newest_and_best(tmp_path):
     for step in (10, 20, 30, 40, 50):
         (tmp_path / f"step{step:08d}.pt").write_text("x")
