@@ -42,8 +42,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
+from transformer_mt.allocator import allocator_in_use, reexec_with_tcmalloc
 from transformer_mt.openmp import configure_openmp
 
+reexec_with_tcmalloc()              # the allocator tmt train runs with (TMT_ALLOCATOR=system: glibc)
 configure_openmp()                  # before torch is imported
 
 import torch
@@ -406,6 +408,7 @@ def run(args: argparse.Namespace) -> dict:
         "mfu": train.achieved_gflops / gemm_gflops,
         "padding_efficiency": train.padding_efficiency,
         "peak_rss_mb": peak_rss_mb,
+        "allocator": allocator_in_use(),
         **decode,
         "wall_seconds": time.perf_counter() - started,
     }

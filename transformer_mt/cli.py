@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 from . import __version__
+from .allocator import reexec_with_tcmalloc
 from .errors import TmtError
 from .logs import setup_logging
 from .openmp import configure_openmp
@@ -502,6 +503,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["train"]:
+        reexec_with_tcmalloc()      # the `tmt` command itself: before anything allocates much
     configure_openmp()              # before the commands import torch
     args = build_parser().parse_args(argv)
     code = _run_command(args)

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, Subset
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from .allocator import allocator_report
 from .batching import Batch, Collator, TokenBatchSampler, make_loader
 from .checkpoint import (
     Checkpoint,
@@ -170,6 +171,7 @@ def _train(cfg: Config, run: RunDir, resume: bool, info: DistInfo, device_name: 
     elif init is not None:
         log.info("fine-tuning: weights and tokenizers of %s (its step %s); new optimizer and "
                  "schedule", cfg.train.init_from, init.step)
+    log.info(allocator_report())
     log.info("model: %s parameters, d_model %d, %d layers, vocab %d/%d; device %s%s; run %s",
              f"{count_parameters(model):,}", cfg.model.d_model, cfg.model.layers,
              data.src_codec.vocab_size, data.tgt_codec.vocab_size, device,

@@ -6,6 +6,8 @@ import sys
 
 from conftest import ROOT
 
+from transformer_mt.allocator import find_tcmalloc
+
 KEYS = {"gemm_gflops", "model", "train_tokens_per_s", "model_flops_per_token", "mfu",
         "padding_efficiency", "peak_rss_mb", "greedy_sents_per_s", "uncached_sents_per_s",
         "greedy_speedup", "beam4_sents_per_s", "beam4_time_over_greedy",
@@ -32,6 +34,8 @@ def test_bench_prints_one_json_object_with_the_reported_keys(tmp_path):
     assert 0 < report["padding_efficiency"] <= 1 and report["mfu"] > 0
     assert report["uncached_same_output"] == "2/2"
     assert report["ct2_float32_same_output"] == "8/8"
+    # It measures the allocator tmt train runs with.
+    assert report["allocator"] == ("tcmalloc" if find_tcmalloc() else "glibc malloc")
 
 
 def test_bench_accumulates_batches_into_one_optimizer_step(tmp_path):
