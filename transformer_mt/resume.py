@@ -57,7 +57,7 @@ def rising_rate_warning(cfg: Config, checkpoint: Checkpoint) -> str | None:
     if saved.decay_steps is None or updates <= saved.max_steps - saved.decay_steps:
         return None
     before, after = learning_rate(saved, updates - 1), learning_rate(cfg.train, updates)
-    if after <= 1.5 * before:
+    if after <= 1.5 * before:      # a new train.lr or a slightly longer decay: meant
         return None
     return (f"resume: the learning rate had decayed to {before:.2e} by step {checkpoint.step} "
             f"(train.decay_steps {saved.decay_steps} before step {saved.max_steps}); with "

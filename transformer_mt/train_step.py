@@ -28,9 +28,10 @@ def noam_factor(step: int, warmup: int) -> float:
 
 def decay_factor(updates: int, max_steps: int | None, decay_steps: int | None) -> float:
     """1 until the last `decay_steps` updates before `max_steps`, then a straight line to zero
-    (the last update still moves, at 1/decay_steps of the rate). At a fixed budget this final
-    annealing beats a rate still high at the end (Hägele et al. 2024, "Scaling laws and
-    compute-optimal training beyond fixed training durations"); measured in the README."""
+    (the last update still moves, at 1/decay_steps of the rate): warm-up, stable, decay (Hägele
+    et al. 2024, "Scaling laws and compute-optimal training beyond fixed training durations").
+    Measured here (README): the last checkpoint becomes as good as an average of the last
+    ones, no better than that average."""
     if decay_steps is None or max_steps is None:
         return 1.0
     return min(1.0, max(max_steps - updates, 0) / decay_steps)
