@@ -107,9 +107,10 @@ def tiny_config(tmp_path, corpus_tsv) -> Path:
 
 
 def run_tmt(*args: str, cwd: Path | None = None, stdin: str | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real `tmt` command (as `python -m transformer_mt`, same interpreter)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+            timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the real `tmt` command (as `python -m transformer_mt`, same interpreter), with `env`
+    added to this process's environment."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd,
                           input=stdin, capture_output=True, text=True, timeout=timeout, env=env)
 

@@ -1,10 +1,6 @@
 """`tmt train` runs on tcmalloc when it is installed (scripts/setup.sh installs it where it can),
 on glibc's malloc when TMT_ALLOCATOR=system, and trains the same model either way."""
 
-import os
-import subprocess
-import sys
-
 import torch
 from conftest import run_tmt
 
@@ -24,10 +20,8 @@ def test_tmt_train_runs_on_tcmalloc_when_found_and_the_model_does_not_depend_on_
     assert f"memory allocator: {expected}" in (default / "train.log").read_text()
 
     system = tmp_path / "system"
-    env = dict(os.environ, TMT_ALLOCATOR="system")
-    result = subprocess.run([sys.executable, "-m", "transformer_mt", "train", "--config",
-                             str(tiny_config), "--run-dir", str(system)],
-                            capture_output=True, text=True, timeout=300, env=env)
+    result = run_tmt("train", "--config", str(tiny_config), "--run-dir", str(system),
+                     env={"TMT_ALLOCATOR": "system"})
     assert result.returncode == 0, result.stderr
     assert "memory allocator: glibc malloc\n" in (system / "train.log").read_text()
     a, b = _weights(default), _weights(system)
