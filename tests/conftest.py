@@ -51,6 +51,24 @@ needs_real_text = pytest.mark.skipif(not TATOEBA.is_file(), reason="needs real s
                                      "../shared/data is absent (the fixture has 132 pairs)")
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+needs_cuda = pytest.mark.skipif(not _cuda_available(), reason="no CUDA device")
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_cuda)])
+def device(request):
+    """Each test that takes `device` runs on the CPU and, where there is one, on a CUDA GPU:
+    the same properties must hold on the bf16-autocast path (transformer_mt/device.py)."""
+    import torch
+
+    return torch.device(request.param)
+
+
 def sample_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
     """n real Tatoeba pairs when ../shared/data is present, else the built-in fixture."""
     if TATOEBA.is_file():

@@ -1,6 +1,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import needs_cuda
 
 from transformer_mt import loss
 from transformer_mt.batching import Batch
@@ -86,3 +87,27 @@ def test_model_loss_is_the_smoothed_cross_entropy_of_its_logits_on_real_target_t
 def test_the_training_module_computes_the_model_loss():
     model, batch = _model_and_batch()
     assert torch.equal(BatchLoss(model)(batch, 1, 0.1), model.loss(batch, 1, 0.1))
+
+
+@needs_cuda
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_loss_under_cuda_autocast_is_the_cross_entropy_to_bf16_precision(monkeypatch, bias):
+    """As training runs it on a GPU: bf16 products, float32 softmax, sums and gradients."""
+    monkeypatch.setattr(loss, "CHUNK_TOKENS", 96)          # several chunks and a partial one
+    torch.manual_seed(0)
+    hidden = torch.randn(300, 64, device="cuda", requires_grad=True)
+    weight = (torch.randn(500, 64, device="cuda") / 8).requires_grad_()
+    b = torch.randn(500, device="cuda", requires_grad=True) if bias else None
+    labels = torch.randint(0, 500, (300,), device="cuda")
+    inputs = [t for t in (hidden, weight, b) if t is not None]
+    logits = hidden @ weight.t() + (b if bias else 0)
+    expected = F.cross_entropy(logits, labels, label_smoothing=0.1, reduction="sum")
+    expected_grads = torch.autograd.grad(expected, inputs)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        fused = projected_label_smoothed_loss(hidden, weight, b, labels, 0.1)
+    grads = torch.autograd.grad(fused, inputs)
+    assert fused.dtype == torch.float32
+    assert torch.allclose(fused, expected, rtol=1e-2)
+    for got, want in zip(grads, expected_grads):
+        assert got.dtype == want.dtype == torch.float32
+        assert (got - want).norm() < 2e-2 * want.norm()
