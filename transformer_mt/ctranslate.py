@@ -58,7 +58,9 @@ def build_spec(cfg: Config, weights: dict[str, torch.Tensor], src_codec: TextCod
     spec.config.decoder_start_token = SOS
 
     def tensor(name: str) -> torch.Tensor:
-        return weights[name].float().contiguous()
+        # On the CPU: CTranslate2 compares and saves them there (weights of a model on a GPU
+        # failed its comparison of tied matrices).
+        return weights[name].detach().float().cpu().contiguous()
 
     def linear(target, name: str) -> None:
         target.weight, target.bias = tensor(f"{name}.weight"), tensor(f"{name}.bias")

@@ -78,7 +78,7 @@ def test_training_steps_learn_a_batch(device):
 
 @needs_cuda
 def test_a_cuda_step_equals_a_cpu_step_to_bf16_precision():
-    (cpu_step, batch), (cuda_step, _) = _step_setup("cpu"), _step_setup(torch.device("cuda"))
+    (cpu_step, batch), (cuda_step, _) = _step_setup(torch.device("cpu")), _step_setup(torch.device("cuda"))
     cpu, cuda = cpu_step([batch], 0), cuda_step([batch], 0)
     assert cuda.loss == pytest.approx(cpu.loss, rel=1e-2)
     assert cuda.grad_norm == pytest.approx(cpu.grad_norm, rel=5e-2)
