@@ -327,7 +327,11 @@ def cmd_average(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- serve, export
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import ServeLimits, serve
+    try:
+        from .serve import ServeLimits, serve
+    except ImportError as exc:           # FastAPI, uvicorn or one of their own dependencies
+        raise TmtError(f"tmt serve cannot load its web server ({exc}): reinstall it with "
+                       "pip install fastapi uvicorn") from None
 
     setup_logging(logging.WARNING)
     if min(args.max_sentences, args.max_chars, args.max_batch_sentences) < 1 or \

@@ -115,6 +115,14 @@ def save_spec(spec, output: Path, quantization: str) -> None:
     spec.save(str(output))
 
 
+def _gpu_translator(ct2, model_dir: Path):
+    """A CTranslate2 translator on the GPU, tried once: its wheel links CUDA libraries of one
+    version, and where they are missing, loading succeeds but the first translation fails."""
+    translator = ct2.Translator(str(model_dir), device="cuda")
+    translator.translate_batch([[SOS, EOS]], max_decoding_length=1)
+    return translator
+
+
 class CT2Translator(Translator):
     """A Translator whose search runs in `ctranslate2.Translator` (greedy, beam, n-best,
     top-k sampling) instead of tmt's PyTorch search; everything around it is inherited."""
@@ -127,13 +135,23 @@ class CT2Translator(Translator):
         if decode_cfg.replace_unk:
             raise TmtError("--replace-unk needs the PyTorch model's attention: use the run's "
                            "checkpoint or a safetensors export, not a ctranslate2 one")
-        if device == "auto":
-            device = "cuda" if ct2.get_cuda_device_count() else "cpu"
-        if device not in ("cpu", "cuda"):
+        if device not in ("auto", "cpu", "cuda"):
             raise TmtError(f"CTranslate2 runs on cpu or cuda, not {device}")
         # Deliberately not Translator.__init__: there is no torch model to move or evaluate.
-        self.ct2 = ct2.Translator(str(model_dir), device=device,
-                                  intra_threads=torch.get_num_threads())
+        self.ct2 = None
+        if device == "cuda" or (device == "auto" and ct2.get_cuda_device_count()):
+            try:
+                self.ct2 = _gpu_translator(ct2, model_dir)
+            except RuntimeError as exc:
+                if device == "cuda":
+                    raise TmtError(f"CTranslate2 cannot run on cuda here ({exc}); use --device "
+                                   "cpu, or install the CUDA libraries its wheel was built "
+                                   "for") from None
+                # auto: e.g. the CUDA libraries its wheel needs are not those installed
+        device = "cpu" if self.ct2 is None else "cuda"
+        if self.ct2 is None:
+            self.ct2 = ct2.Translator(str(model_dir), device="cpu",
+                                      intra_threads=torch.get_num_threads())
         self.model = None
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
         self.decode_cfg = decode_cfg

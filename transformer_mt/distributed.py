@@ -50,6 +50,12 @@ def init_distributed(device_name: str) -> tuple[DistInfo, str]:
         return info, device_name
     use_cuda = torch.cuda.is_available() and device_name in ("auto", "cuda")
     if use_cuda:
+        devices = torch.cuda.device_count()
+        if info.local_rank >= devices:
+            # Otherwise set_device fails with CUDA's "invalid device ordinal" traceback.
+            raise TmtError(f"torchrun started local rank {info.local_rank}, but this machine has "
+                           f"{devices} CUDA device(s): start one process per GPU "
+                           f"(--nproc_per_node={devices}), or set train.device: cpu")
         torch.cuda.set_device(info.local_rank)
         device_name = f"cuda:{info.local_rank}"
     elif device_name == "auto":

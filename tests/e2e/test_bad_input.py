@@ -1,6 +1,7 @@
 """The bad-input catalogue: each case ends in one clear line, never a traceback."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -217,3 +218,14 @@ def test_a_folder_that_is_not_a_run_is_refused_before_torch_is_imported(tmp_path
     assert "tmt: error: " in result.stderr, result.stderr
     assert "torch imported: False" in result.stderr, result.stderr
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+
+
+def test_a_web_server_that_cannot_be_imported_is_one_line(tmp_path, trained_run):
+    """As on a machine whose FastAPI needs a package that is missing (seen: opentelemetry)."""
+    fake = tmp_path / "site" / "fastapi"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'x'\")\n")
+    path = os.pathsep.join(filter(None, [str(fake.parent), os.environ.get("PYTHONPATH")]))
+    result = run_tmt("serve", "--checkpoint", str(trained_run / "checkpoints" / "last.pt"),
+                     env={"PYTHONPATH": path})
+    assert "tmt serve cannot load its web server (No module named 'x')" in _error_line(result)

@@ -54,7 +54,7 @@ def test_bench_accumulates_batches_into_one_optimizer_step(tmp_path):
 
 def test_bench_under_torchrun_measures_data_parallel_training_once(tmp_path):
     """Two ranks train in step (same step count), their tokens are summed, rank 0 alone prints."""
-    args = ["--json", "--data", str(tmp_path / "absent.tsv"), *TINY]
+    args = ["--json", "--data", str(tmp_path / "absent.tsv"), "--device", "cpu", *TINY]
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                              "--nproc_per_node=2", str(ROOT / "scripts" / "bench.py"), *args],
                             capture_output=True, text=True, timeout=180)

@@ -25,8 +25,10 @@ def torchrun(*args: str, nproc: int = 2, script: list[str] | None = None,
 @pytest.fixture
 def ddp_config(tmp_path, corpus_tsv) -> Path:
     path = tmp_path / "ddp.yaml"
+    # device cpu: gloo, as on a machine without GPUs, also where there is one (two processes
+    # cannot each have their own GPU on a one-GPU machine).
     path.write_text(tiny_config_text(corpus_tsv, max_steps=STEPS, valid_every=6,
-                                     checkpoint_every=4, threads=1))
+                                     checkpoint_every=4, threads=1, device="cpu"))
     return path
 
 
@@ -107,3 +109,18 @@ def test_a_failing_rank_fails_the_whole_job(tmp_path, ddp_config):
                       script=[str(script)], timeout=300)
     assert result.returncode != 0
     assert "config file not found: does-not-exist.yaml" in result.stderr
+
+
+def test_more_ranks_than_gpus_is_one_clear_error(monkeypatch):
+    """On a machine with one GPU, `torchrun --nproc_per_node=2` gives rank 1 no GPU of its own:
+    it is refused before CUDA's "invalid device ordinal" traceback."""
+    from transformer_mt.distributed import init_distributed
+    from transformer_mt.errors import TmtError
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(TmtError, match=r"1 CUDA device\(s\).*--nproc_per_node=1.*device: cpu"):
+        init_distributed("auto")

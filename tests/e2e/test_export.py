@@ -15,6 +15,7 @@ from server_process import TmtServer
 
 from transformer_mt.checkpoint import atomic_save, load_checkpoint
 from transformer_mt.config import config_from_dict
+from transformer_mt.ctranslate import _gpu_translator
 from transformer_mt.errors import TmtError
 from transformer_mt.export import export_model
 from transformer_mt.loading import load_model
@@ -175,3 +176,25 @@ def test_export_refuses_what_it_cannot_do(varied_model, exports, tmp_path):
     (tmp_path / "tmt-model.json").write_text('{"format": "ctranslate2"}')
     with pytest.raises(TmtError, match="damaged"):
         load_model(None, None, "runs", str(tmp_path), "cpu")
+
+
+def test_a_gpu_ctranslate2_cannot_use_falls_back_to_the_cpu_or_is_one_line(exports, sources,
+                                                                          monkeypatch):
+    """CTranslate2's wheel links the CUDA libraries of one version: on a GPU machine without
+    them (as on a CUDA 13 machine), `auto` translates on the CPU, and `--device cuda` says why
+    it cannot, in one line."""
+    import ctranslate2
+
+    try:
+        _gpu_translator(ctranslate2, exports["float32"])
+        pytest.skip("CTranslate2 runs on this machine's GPU")
+    except RuntimeError:
+        pass
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)    # a GPU is seen
+    seen = load_model(None, None, "runs", str(exports["float32"]), "auto").translator
+    cpu = load_model(None, None, "runs", str(exports["float32"]), "cpu").translator
+    assert seen.device.type == "cpu"
+    assert seen.translate(sources[:8]) == cpu.translate(sources[:8])
+    refused = run_tmt("translate", "--model", str(exports["float32"]), "--device", "cuda", "hi")
+    assert refused.returncode == 1 and "CTranslate2 cannot run on cuda here" in refused.stderr
+    assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1
