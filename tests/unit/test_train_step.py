@@ -88,3 +88,12 @@ def test_a_cuda_step_equals_a_cpu_step_to_bf16_precision():
     for (name, p_cpu), p_cuda in zip(cpu_step.model.named_parameters(),
                                      cuda_step.model.parameters()):
         torch.testing.assert_close(p_cuda.cpu(), p_cpu, rtol=0, atol=bound, msg=name)
+
+
+@needs_cuda
+def test_on_cuda_attention_needs_no_per_shape_plans():
+    from transformer_mt.device import pick_device
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    assert pick_device("auto").type == "cuda"
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
