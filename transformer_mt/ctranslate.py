@@ -11,6 +11,7 @@ two backends read and write text identically.
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from .model.masks import source_tensor, src_pad_mask
 from .search import Hypothesis, length_penalty
 from .tokenizer import EOS, SOS, UNK, TextCodec
 from .translator import Translator
+
+log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32")
 # Longer than any input tmt decodes (decode.max_input_tokens + [SOS]/[EOS]) and any output
@@ -115,14 +118,6 @@ def save_spec(spec, output: Path, quantization: str) -> None:
     spec.save(str(output))
 
 
-def _gpu_translator(ct2, model_dir: Path):
-    """A CTranslate2 translator on the GPU, tried once: its wheel links CUDA libraries of one
-    version, and where they are missing, loading succeeds but the first translation fails."""
-    translator = ct2.Translator(str(model_dir), device="cuda")
-    translator.translate_batch([[SOS, EOS]], max_decoding_length=1)
-    return translator
-
-
 class CT2Translator(Translator):
     """A Translator whose search runs in `ctranslate2.Translator` (greedy, beam, n-best,
     top-k sampling) instead of tmt's PyTorch search; everything around it is inherited."""
@@ -138,25 +133,44 @@ class CT2Translator(Translator):
         if device not in ("auto", "cpu", "cuda"):
             raise TmtError(f"CTranslate2 runs on cpu or cuda, not {device}")
         # Deliberately not Translator.__init__: there is no torch model to move or evaluate.
+        self.model_dir, self.requested_device = model_dir, device
         self.ct2 = None
         if device == "cuda" or (device == "auto" and ct2.get_cuda_device_count()):
             try:
-                self.ct2 = _gpu_translator(ct2, model_dir)
+                self.ct2 = ct2.Translator(str(model_dir), device="cuda")
+                self.device = torch.device("cuda")
             except RuntimeError as exc:
-                if device == "cuda":
-                    raise TmtError(f"CTranslate2 cannot run on cuda here ({exc}); use --device "
-                                   "cpu, or install the CUDA libraries its wheel was built "
-                                   "for") from None
-                # auto: e.g. the CUDA libraries its wheel needs are not those installed
-        device = "cpu" if self.ct2 is None else "cuda"
+                self._gpu_failed(exc)
         if self.ct2 is None:
-            self.ct2 = ct2.Translator(str(model_dir), device="cpu",
-                                      intra_threads=torch.get_num_threads())
+            self._use_cpu()
         self.model = None
         self.src_codec, self.tgt_codec = src_codec, tgt_codec
         self.decode_cfg = decode_cfg
-        self.device = torch.device(device)
         self.generator = None
+
+    def _use_cpu(self) -> None:
+        self.ct2 = _ctranslate2().Translator(str(self.model_dir), device="cpu",
+                                             intra_threads=torch.get_num_threads())
+        self.device = torch.device("cpu")
+
+    def _gpu_failed(self, exc: RuntimeError) -> None:
+        """CTranslate2's wheel links the CUDA libraries of one version: where they are missing
+        (seen on a CUDA 13 machine), loading can succeed and the first translation fail. With
+        device auto, translate on the CPU instead; a GPU asked for is an error."""
+        if self.requested_device == "cuda":
+            raise TmtError(f"CTranslate2 cannot run on cuda here ({exc}); use --device cpu, or "
+                           "install the CUDA libraries its wheel was built for") from None
+        log.warning("CTranslate2 cannot run on cuda here (%s): translating on the CPU", exc)
+        self._use_cpu()
+
+    def _translate_batch(self, tokens: list[list[str]], **options):
+        try:
+            return self.ct2.translate_batch(tokens, **options)
+        except RuntimeError as exc:
+            if self.device.type != "cuda":
+                raise
+            self._gpu_failed(exc)
+            return self.ct2.translate_batch(tokens, **options)
 
     def search(self, sentences: list[str], nbest: int = 1) -> list[list[Hypothesis]]:
         """As `Translator.search`, with the same scores. CTranslate2 searches with raw
@@ -186,7 +200,7 @@ class CT2Translator(Translator):
             src = source_tensor([encoded[i] for i in chunk], self.src_codec)
             caps = self.limits.max_lengths(src_pad_mask(src, self.src_codec.pad_id)).tolist()
             tokens = [[SOS, *self.src_codec.tokens(encoded[i]), EOS] for i in chunk]
-            outputs = self.ct2.translate_batch(tokens, max_decoding_length=max(caps), **options)
+            outputs = self._translate_batch(tokens, max_decoding_length=max(caps), **options)
             for i, cap, output in zip(chunk, caps, outputs):
                 hyps = []
                 scores = output.scores if searching else [math.nan] * len(output.hypotheses)

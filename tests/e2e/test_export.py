@@ -15,7 +15,6 @@ from server_process import TmtServer
 
 from transformer_mt.checkpoint import atomic_save, load_checkpoint
 from transformer_mt.config import config_from_dict
-from transformer_mt.ctranslate import _gpu_translator
 from transformer_mt.errors import TmtError
 from transformer_mt.export import export_model
 from transformer_mt.loading import load_model
@@ -178,23 +177,39 @@ def test_export_refuses_what_it_cannot_do(varied_model, exports, tmp_path):
         load_model(None, None, "runs", str(tmp_path), "cpu")
 
 
-def test_a_gpu_ctranslate2_cannot_use_falls_back_to_the_cpu_or_is_one_line(exports, sources,
-                                                                          monkeypatch):
-    """CTranslate2's wheel links the CUDA libraries of one version: on a GPU machine without
-    them (as on a CUDA 13 machine), `auto` translates on the CPU, and `--device cuda` says why
-    it cannot, in one line."""
+class _WithoutCudaLibraries:
+    """ctranslate2.Translator as on a GPU machine without the CUDA libraries its wheel links
+    (seen on a CUDA 13 machine): on cuda, loading fails, or (`fail_at="translate"`) loading
+    succeeds and the first translation fails."""
+
+    def __init__(self, real, fail_at: str):
+        self.real, self.fail_at = real, fail_at
+
+    def __call__(self, model_dir, device="cpu", **options):
+        if device == "cpu":
+            return self.real(model_dir, device="cpu", **options)
+        if self.fail_at == "load":
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+        return self
+
+    def translate_batch(self, *args, **options):
+        raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+
+@pytest.mark.parametrize("fail_at", ["load", "translate"])
+def test_a_gpu_ctranslate2_cannot_use_falls_back_to_the_cpu_or_is_one_error(
+        exports, sources, monkeypatch, fail_at):
+    """Under device auto the export translates on the CPU, as it would have there; with
+    --device cuda the error says why the GPU cannot be used."""
     import ctranslate2
 
-    try:
-        _gpu_translator(ctranslate2, exports["float32"])
-        pytest.skip("CTranslate2 runs on this machine's GPU")
-    except RuntimeError:
-        pass
-    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)    # a GPU is seen
-    seen = load_model(None, None, "runs", str(exports["float32"]), "auto").translator
     cpu = load_model(None, None, "runs", str(exports["float32"]), "cpu").translator
-    assert seen.device.type == "cpu"
-    assert seen.translate(sources[:8]) == cpu.translate(sources[:8])
-    refused = run_tmt("translate", "--model", str(exports["float32"]), "--device", "cuda", "hi")
-    assert refused.returncode == 1 and "CTranslate2 cannot run on cuda here" in refused.stderr
-    assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1
+    expected = cpu.translate(sources[:8])
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(ctranslate2, "Translator",
+                        _WithoutCudaLibraries(ctranslate2.Translator, fail_at))
+    auto = load_model(None, None, "runs", str(exports["float32"]), "auto").translator
+    assert auto.translate(sources[:8]) == expected and auto.device.type == "cpu"
+    with pytest.raises(TmtError, match=r"CTranslate2 cannot run on cuda here \(Library libcublas"):
+        load_model(None, None, "runs", str(exports["float32"]), "cuda").translator.translate(
+            sources[:8])
