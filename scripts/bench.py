@@ -289,7 +289,8 @@ def bench_ctranslate2(translator: Translator, model_cfg: ModelConfig, sources: l
                       rounds: int) -> dict:
     """Greedy decoding of the same sentences by the same weights exported to CTranslate2
     (`tmt export --format ctranslate2`), float32 and int8, on as many threads; the speedup is
-    over the cached PyTorch greedy rate above. Left out where ctranslate2 is not installed."""
+    over the cached PyTorch greedy rate above, which ran on `device` (a GPU, where there is one,
+    while CTranslate2 runs on the CPU). Left out where ctranslate2 is not installed."""
     try:
         from transformer_mt.ctranslate import CT2Translator, build_spec, save_spec
     except ImportError:
@@ -311,7 +312,8 @@ def bench_ctranslate2(translator: Translator, model_cfg: ModelConfig, sources: l
                 if quantization == "float32":
                     same += sum(out == greedy[i] for out, i in zip(outputs, rows))
             rates[quantization] = len(sources) / seconds
-    return {"ct2_float32_greedy_sents_per_s": rates["float32"],
+    return {"ct2_device": "cpu",
+            "ct2_float32_greedy_sents_per_s": rates["float32"],
             "ct2_float32_same_output": f"{same}/{len(sources)}",
             "ct2_int8_greedy_sents_per_s": rates["int8"],
             "ct2_int8_speedup": rates["int8"] / greedy_rate}

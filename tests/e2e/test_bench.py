@@ -10,7 +10,7 @@ from transformer_mt.allocator import find_tcmalloc
 
 KEYS = {"gemm_gflops", "model", "train_tokens_per_s", "model_flops_per_token", "mfu",
         "padding_efficiency", "peak_rss_mb", "greedy_sents_per_s", "uncached_sents_per_s",
-        "greedy_speedup", "beam4_sents_per_s", "beam4_time_over_greedy",
+        "greedy_speedup", "beam4_sents_per_s", "beam4_time_over_greedy", "ct2_device",
         "ct2_float32_greedy_sents_per_s", "ct2_float32_same_output", "ct2_int8_greedy_sents_per_s",
         "ct2_int8_speedup"}
 
