@@ -216,9 +216,24 @@ def check_writable(directory: Path) -> None:
 
 def remove_partial_writes(directory: Path) -> None:
     """Delete temporary files that a killed process left behind mid-write (never read): only
-    names that atomic_save makes (.NAME.pt.RANDOM.tmp), never another file in the folder."""
+    names that atomic_save makes (.NAME.pt.RANDOM.tmp), and check_writable's probes
+    (.write-test.PID.tmp) of processes that no longer run; never another file in the folder."""
     for leftover in directory.glob(".*.pt.*.tmp"):
         leftover.unlink(missing_ok=True)
+    for probe in directory.glob(".write-test.*.tmp"):
+        pid = probe.name.split(".")[2]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            probe.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:             # it exists, under another user
+        return True
+    return True
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.checkpoint import atomic_save, load_checkpoint, rng_state, rotate, set_rng_state
+from transformer_mt.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    remove_partial_writes,
+    rng_state,
+    rotate,
+    set_rng_state,
+)
 from transformer_mt.errors import TmtError
 
 
@@ -112,3 +119,20 @@ def test_a_checkpoint_without_the_full_training_state_has_none_to_resume_from():
 
     partial = unpack({"model": {}, "config": {}, "step": 10, "optimizer": {"unused": 1}})
     assert partial.train is None and partial.optimizer is None and partial.step == 10
+
+
+def test_leftovers_of_killed_writers_are_removed_and_nothing_else(tmp_path):
+    """What a process killed mid-write leaves (atomic_save's temporary, check_writable's probe)
+    goes at the next start; a live process's probe and the user's own files stay."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    leftovers = [tmp_path / ".last.pt.123.ab12cd34.tmp", tmp_path / f".write-test.{dead}.tmp"]
+    kept = [tmp_path / f".write-test.{os.getpid()}.tmp", tmp_path / "notes.tmp",
+            tmp_path / "step00000010.pt"]
+    for path in leftovers + kept:
+        path.write_bytes(b"x")
+    remove_partial_writes(tmp_path)
+    assert sorted(tmp_path.iterdir()) == sorted(kept)
