@@ -155,13 +155,12 @@ class CT2Translator(Translator):
 
     def _gpu_failed(self, exc: RuntimeError) -> None:
         """CTranslate2's wheel links the CUDA libraries of one version: where they are missing
-        (seen on a CUDA 13 machine), loading can succeed and the first translation fail. With
-        device auto, translate on the CPU instead; a GPU asked for is an error."""
+        (seen on a CUDA 13 machine), loading can succeed and the first translation fail. A GPU
+        asked for is then an error; under device auto the caller goes on on the CPU."""
         if self.requested_device == "cuda":
             raise TmtError(f"CTranslate2 cannot run on cuda here ({exc}); use --device cpu, or "
                            "install the CUDA libraries its wheel was built for") from None
         log.warning("CTranslate2 cannot run on cuda here (%s): translating on the CPU", exc)
-        self._use_cpu()
 
     def _translate_batch(self, tokens: list[list[str]], **options):
         try:
@@ -170,6 +169,7 @@ class CT2Translator(Translator):
             if self.device.type != "cuda":
                 raise
             self._gpu_failed(exc)
+            self._use_cpu()
             return self.ct2.translate_batch(tokens, **options)
 
     def search(self, sentences: list[str], nbest: int = 1) -> list[list[Hypothesis]]:
