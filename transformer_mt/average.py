@@ -20,8 +20,8 @@ from .rundir import BEST, LAST, RunDir
 if TYPE_CHECKING:
     import torch
 
-# torch (checkpoint.py) and tensorboard (events.py) are imported where checkpoints or event files
-# are read, after every refusal: a mistaken command fails at once, not after seconds of imports.
+# torch (checkpoint.py) is imported where checkpoints are read, after every refusal: a mistaken
+# command fails at once, not after seconds of imports.
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +94,9 @@ def _step_of(path: Path) -> int:
 
 
 def select_checkpoints(run: RunDir, last: int | None, best: int | None) -> list[Path]:
-    """The run's kept step checkpoints: the newest `last`, or the `best` with the highest
-    validation BLEU (only checkpoints written at a validation have one), oldest first."""
+    """The run's kept step checkpoints: the newest `last`, or the `best` with the best
+    validation score by the run's train.best_metric, as recorded in last.pt (only checkpoints
+    written at a validation have one), oldest first."""
     for option, count in (("--last", last), ("--best", best)):
         if count is not None and count < 1:
             raise TmtError(f"{option} {count}: K is how many step checkpoints to average, at "
@@ -111,14 +112,19 @@ def select_checkpoints(run: RunDir, last: int | None, best: int | None) -> list[
             raise TmtError(f"--last {count}: {run.checkpoints} keeps only {len(kept)} step "
                            f"checkpoints (train.keep_last)")
         return kept[-count:]
-    from .events import read_scalars
+    from .checkpoint import read_checkpoint
 
-    bleu = {s.step: s.value for s in read_scalars(run.tensorboard).get("valid/bleu", [])}
-    scored = [p for p in kept if _step_of(p) in bleu]
+    state = read_checkpoint(run.last).train if run.last.is_file() else None
+    if state is None:
+        raise TmtError(f"--best {best}: {run.last} with the run's validation scores is missing; "
+                       f"use --last K or name the checkpoint files")
+    scores = state.scores()
+    scored = [p for p in kept if _step_of(p) in scores]
     if best > len(scored):
         raise TmtError(f"--best {best}: only {len(scored)} of the {len(kept)} kept step "
-                       f"checkpoints have a validation BLEU (those written at a validation)")
-    chosen = sorted(scored, key=lambda p: bleu[_step_of(p)], reverse=True)[:best]
+                       f"checkpoints have a validation score (those written at a validation)")
+    # Ties go to the earlier step, as training's best.pt does.
+    chosen = sorted(scored, key=lambda p: (-scores[_step_of(p)], _step_of(p)))[:best]
     return sorted(chosen, key=_step_of)
 
 

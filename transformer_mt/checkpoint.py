@@ -8,6 +8,7 @@ everything else reads a checkpoint through `read_checkpoint`/`unpack`.
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import random
@@ -38,9 +39,10 @@ class TrainState:
     step: int = 0                 # steps taken, skipped ones included
     epoch: int = 0                # full passes over the training pairs
     batch_in_epoch: int = 0       # batches of the current epoch already used
-    best_bleu: float = -1.0
-    best_step: int = 0
+    best_metric: str = "loss"     # what best.pt, train.patience and train.keep_best rank by
+    best_step: int = 0            # 0: no validation with a finite score yet
     validation_bleu: dict[int, float] = field(default_factory=dict)   # step -> BLEU
+    validation_loss: dict[int, float] = field(default_factory=dict)   # step -> loss per token
     bad_steps: int = 0            # consecutive steps skipped for a non-finite loss/gradient
     skipped_steps: int = 0
 
@@ -49,25 +51,53 @@ class TrainState:
         """Optimizer updates applied so far: the learning rate is a function of this count."""
         return self.step - self.skipped_steps
 
-    def record_validation(self, bleu: float) -> bool:
-        """Note the BLEU of a validation at the current step; True if it is a new best."""
-        self.validation_bleu[self.step] = bleu
-        if not bleu > self.best_bleu:        # (a NaN score is never the best)
-            return False
-        self.best_bleu, self.best_step = bleu, self.step
+    def scores(self) -> dict[int, float]:
+        """Each validation's score under `best_metric`, higher is better (loss negated)."""
+        if self.best_metric == "bleu":
+            return self.validation_bleu
+        return {step: -loss for step, loss in self.validation_loss.items()}
+
+    def record_validation(self, loss: float, bleu: float) -> bool:
+        """Note a validation at the current step; True if it is a new best."""
+        self.validation_loss[self.step], self.validation_bleu[self.step] = loss, bleu
+        scores = self.scores()
+        if not scores[self.step] > scores.get(self.best_step, -math.inf):
+            return False                     # (a NaN score is never the best)
+        self.best_step = self.step
         return True
+
+    def rank_by(self, metric: str) -> bool:
+        """Rank validations by `metric` from now on. When it changes (a resume with another
+        train.best_metric), best.pt was chosen by the old one: the next validation replaces
+        it. True if it changed."""
+        if metric == self.best_metric:
+            return False
+        self.best_metric, self.best_step = metric, 0
+        return True
+
+    def describe_best(self) -> str:
+        """The best validation in words, e.g. "step 9000 (by loss): loss 1.944, BLEU 43.04"."""
+        if not self.best_step:
+            return "none with a finite score yet"
+        return (f"step {self.best_step} (by {self.best_metric}): loss "
+                f"{self.validation_loss.get(self.best_step, math.nan):.3f}, BLEU "
+                f"{self.validation_bleu.get(self.best_step, math.nan):.2f}")
 
     def state_dict(self) -> dict:
         return {"step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
-                "best_bleu": self.best_bleu, "best_step": self.best_step,
+                "best_metric": self.best_metric, "best_step": self.best_step,
                 "validation_bleu": [[step, bleu] for step, bleu in self.validation_bleu.items()],
+                "validation_loss": [[step, loss] for step, loss in self.validation_loss.items()],
                 "bad_steps": self.bad_steps, "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch = state["batch_in_epoch"]
-        self.best_bleu, self.best_step = state["best_bleu"], state["best_step"]
+        # Checkpoints written before train.best_metric ranked by BLEU and kept no losses.
+        self.best_metric = state.get("best_metric", "bleu")
+        self.best_step = state["best_step"]
         self.validation_bleu = {int(step): bleu for step, bleu in state["validation_bleu"]}
+        self.validation_loss = {int(step): loss for step, loss in state.get("validation_loss", [])}
         self.bad_steps, self.skipped_steps = state["bad_steps"], state["skipped_steps"]
 
 
@@ -137,8 +167,10 @@ def pack(checkpoint: Checkpoint) -> dict:
     return state
 
 
-# What a training checkpoint holds beyond the weights, config and tokenizers.
-RESUME_KEYS = (*TrainState().state_dict(), "optimizer", "rng")
+# What a training checkpoint holds beyond the weights, config and tokenizers (the keys TrainState
+# added later, best_metric and validation_loss, have defaults for older checkpoints).
+RESUME_KEYS = (*(key for key in TrainState().state_dict()
+                 if key not in ("best_metric", "validation_loss")), "optimizer", "rng")
 
 
 def unpack(state: dict) -> Checkpoint:

@@ -434,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--last", type=int, metavar="K", help="the newest K step checkpoints "
                        "(default: all kept ones)")
     which.add_argument("--best", type=int, metavar="K", help="the K step checkpoints with the "
-                       "best validation BLEU")
+                       "best validation scores (by the run's train.best_metric)")
     average.add_argument("--output", metavar="FILE", help="where to write the average (default: "
                          "<run>/checkpoints/average_last<K>.pt or average_best<K>.pt)")
     average.set_defaults(func=cmd_average)

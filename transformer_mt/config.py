@@ -135,10 +135,14 @@ class TrainConfig:
                                   "validation)", low=1)
     keep_last: int = _spec(1, "newest step checkpoints kept (checkpoints/stepNNNNNNNN.pt), "
                            "besides last.pt/best.pt", low=1)
-    keep_best: int = _spec(1, "step checkpoints with the best validation BLEU also kept (for "
-                           "tmt average)", low=0)
+    best_metric: str = _spec("loss", "what best.pt, train.keep_best, train.patience and tmt "
+                             "average --best rank validations by: loss (lower is better; "
+                             "smooth even on a few hundred sentences) or bleu (greedy BLEU on "
+                             "decode.valid_sentences, noisier)", choices=("loss", "bleu"))
+    keep_best: int = _spec(1, "step checkpoints with the best validation score "
+                           "(train.best_metric) also kept (for tmt average --best)", low=0)
     patience: Optional[int] = _spec(None, "stop after this many validations without a better "
-                                    "BLEU (null: never)", low=1)
+                                    "score (train.best_metric) (null: never)", low=1)
     max_bad_steps: int = _spec(5, "stop after this many consecutive steps with a non-finite "
                                "loss or gradient", low=1)
     num_workers: int = _spec(0, "DataLoader worker processes (0: load in the training process)",

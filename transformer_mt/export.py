@@ -53,8 +53,7 @@ def _scores(checkpoint: Path, saved: Checkpoint) -> dict[str, Any]:
     """The validation score the checkpoint records, and the run's test reports of it."""
     scores: dict[str, Any] = {}
     if saved.train is not None:
-        scores["best validation BLEU"] = (f"{saved.train.best_bleu:.2f} "
-                                          f"(step {saved.train.best_step})")
+        scores["best validation"] = saved.train.describe_best()
     eval_dir = checkpoint.resolve().parent.parent / "eval"
     for report_path in sorted(eval_dir.glob("*.json")) if eval_dir.is_dir() else []:
         try:

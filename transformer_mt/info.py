@@ -5,12 +5,13 @@ checkpoints and test evaluations."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 import yaml
 
-from .checkpoint import human_size, read_checkpoint
+from .checkpoint import TrainState, human_size, read_checkpoint
 from .config import read_yaml
 from .errors import TmtError
 from .events import read_scalars
@@ -33,16 +34,20 @@ def _checkpoint_files(run: RunDir) -> list[dict]:
     return files
 
 
-def _best_validation(run: RunDir, checkpoint_best_step: int | None) -> dict | None:
-    scalars = read_scalars(run.tensorboard)
-    bleu = scalars.get("valid/bleu", [])
-    if not bleu:
+def _best_validation(run: RunDir, state: TrainState | None) -> dict | None:
+    """The validation best.pt was written at (by the run's train.best_metric), with its scores
+    and when it happened from the TensorBoard events."""
+    if state is None or not state.best_step:
         return None
-    best = max(bleu, key=lambda s: s.value)       # the first of equal maxima, as training keeps
-    chrf = {s.step: s.value for s in scalars.get("valid/chrf", [])}
-    return {"bleu": round(best.value, 2), "chrf": round(chrf.get(best.step, float("nan")), 2),
-            "step": best.step, "hours": round(best.hours, 3),
-            "validations": len(bleu), "checkpoint_best_step": checkpoint_best_step}
+    scalars = read_scalars(run.tensorboard)
+    at_best = {tag.removeprefix("valid/"): value for tag, values in scalars.items()
+               if tag.startswith("valid/") for value in values if value.step == state.best_step}
+    hours = next(iter(at_best.values())).hours if at_best else math.nan
+    return {"metric": state.best_metric, "step": state.best_step,
+            "loss": round(state.validation_loss.get(state.best_step, math.nan), 4),
+            "bleu": round(state.validation_bleu.get(state.best_step, math.nan), 2),
+            "chrf": round(at_best["chrf"].value, 2) if "chrf" in at_best else math.nan,
+            "hours": round(hours, 3), "validations": len(state.validation_bleu)}
 
 
 def _evaluations(run: RunDir) -> list[dict]:
@@ -70,8 +75,7 @@ def run_info(run_path: Path) -> dict:
         info["model"] = {"parameters": count_state_parameters(saved.model),
                          "vocab": saved.vocab,
                          "tokenizer": config.get("tokenizer", {}).get("type", "word")}
-        info["best_validation"] = _best_validation(
-            run, saved.train.best_step if saved.train else None)
+        info["best_validation"] = _best_validation(run, saved.train)
     info["checkpoints"] = _checkpoint_files(run) if run.checkpoints.is_dir() else []
     info["evaluations"] = _evaluations(run)
     info["text"] = _render(info)
@@ -92,9 +96,9 @@ def _render(info: dict) -> str:
         lines.append(f"trained: {training['step']} steps, {training['epoch']} full epochs")
         best = info["best_validation"]
         lines.append("best validation: none yet" if best is None else
-                     f"best validation: BLEU {best['bleu']:.2f}, chrF {best['chrf']:.2f} at step "
-                     f"{best['step']} ({best['hours']:.2f} h into training; "
-                     f"{best['validations']} validations)")
+                     f"best validation (by {best['metric']}, best.pt): step {best['step']}, "
+                     f"loss {best['loss']:.3f}, BLEU {best['bleu']:.2f}, chrF {best['chrf']:.2f} "
+                     f"({best['hours']:.2f} h into training; {best['validations']} validations)")
     lines.append("checkpoints:")
     for ck in info["checkpoints"]:
         twin = f" (same file as {ck['same_file_as']})" if ck["same_file_as"] else ""

@@ -71,7 +71,7 @@ class StopReason(enum.Enum):
     """Why training stopped."""
     FINISHED = "finished"      # train.max_steps or train.max_epochs reached
     FAULTS = "faults"          # train.max_bad_steps non-finite steps in a row
-    PATIENCE = "patience"      # no better validation BLEU in train.patience validations
+    PATIENCE = "patience"      # no better validation score in train.patience validations
     SIGNAL = "signal"          # SIGINT/SIGTERM: a checkpoint is saved, resume later
 
 
@@ -226,7 +226,7 @@ class Trainer:
         self.collator = Collator(data.src_codec, data.tgt_codec)
         self.translator = Translator(model, data.src_codec, data.tgt_codec, cfg.decode, device)
         self.validator = Validator(cfg, data, self.translator, self.step_runner.loss)
-        self.state = TrainState()
+        self.state = TrainState(best_metric=cfg.train.best_metric)
         self.window = _Window()
         self.last_saved = 0           # the step of the newest checkpoint
         self.writer: SummaryWriter | None = None
@@ -244,6 +244,10 @@ class Trainer:
         self.model.load_state_dict(checkpoint.model)
         self.step_runner.optimizer.load_state_dict(checkpoint.optimizer)
         self.state = checkpoint.train
+        if self.state.rank_by(self.cfg.train.best_metric):
+            log.info("resume: validations are ranked by %s from now on; best.pt, chosen by the "
+                     "previous metric, is replaced at the next validation",
+                     self.cfg.train.best_metric)
         set_rng_state(checkpoint.rng_ranks[self.dist.rank])
 
     def save_checkpoint(self, best: bool = False) -> None:
@@ -271,7 +275,7 @@ class Trainer:
         snapshot.hardlink_to(self.run.last)      # a second name for the same bytes: no extra I/O
         # Older files go only now that the new one is safely on disk.
         rotate(self.run.checkpoints, self.cfg.train.keep_last, self.cfg.train.keep_best,
-               self.state.validation_bleu)
+               self.state.scores())
         log.info("checkpoint at step %d: %s (%s)%s", self.state.step, self.run.last,
                  human_size(size), ", new best" if best else "")
 
@@ -280,15 +284,15 @@ class Trainer:
             return float(sum(p.double().sum() for p in self.model.parameters()))
 
     def _validate_and_checkpoint(self) -> None:
-        """Rank 0 validates; every rank receives its BLEU, so all make the same best/stop
+        """Rank 0 validates; every rank receives its scores, so all make the same best/stop
         decisions and keep identical trainer state."""
-        bleu = None
+        scores = None
         if self.dist.is_main:
             result = self.validator()
             self._log_validation(result)
-            bleu = result.bleu
-        bleu = broadcast_from_main(bleu)
-        self.save_checkpoint(best=self.state.record_validation(bleu))
+            scores = result.loss, result.bleu
+        loss, bleu = broadcast_from_main(scores)
+        self.save_checkpoint(best=self.state.record_validation(loss, bleu))
 
     def _checkpoint_if_due(self) -> None:
         t, state = self.cfg.train, self.state
@@ -374,7 +378,9 @@ class Trainer:
         patience = self.cfg.train.patience
         if patience is None:
             return False
-        later = [step for step in self.state.validation_bleu if step > self.state.best_step]
+        if not self.state.best_step:
+            return False        # nothing to be patient about yet (or a new metric: see rank_by)
+        later = [step for step in self.state.scores() if step > self.state.best_step]
         return len(later) >= patience
 
     def _stop_reason(self, total: int) -> StopReason | None:
@@ -465,8 +471,8 @@ class Trainer:
                       "gradient; %s", state.bad_steps, state.step, last_good)
             return 1
         if reason is StopReason.PATIENCE:
-            log.info("early stopping at step %d: no better validation BLEU in %d validations",
-                     state.step, self.cfg.train.patience)
-        log.info("finished at step %d (epoch %d); best valid BLEU %.2f at step %d", state.step,
-                 state.epoch, state.best_bleu, state.best_step)
+            log.info("early stopping at step %d: no better validation %s in %d validations",
+                     state.step, state.best_metric, self.cfg.train.patience)
+        log.info("finished at step %d (epoch %d); best validation: %s", state.step,
+                 state.epoch, state.describe_best())
         return 0

@@ -268,7 +268,10 @@ def test_info_reports_the_run(bpe_run, tmt):
     files = {c["file"]: c for c in info["checkpoints"]}
     assert files["step00000010.pt"]["same_file_as"] == "last.pt"
     code, out, _ = tmt("info", "--run", str(bpe_run))
-    assert "parameters" in out and "best validation: BLEU" in out
+    assert "parameters" in out and "best validation (by loss, best.pt): step" in out
+    assert info["best_validation"]["metric"] == "loss"
+    assert info["best_validation"]["step"] == torch.load(
+        bpe_run / "checkpoints" / "best.pt", weights_only=True)["step"]
 
 
 def test_average_last_and_best_checkpoints(bpe_run, tmp_path, tmt):

@@ -201,3 +201,17 @@ def test_a_decay_added_on_resume_equals_a_run_decayed_from_the_start(tmp_path, r
     # ... and the decay changed the run (unbroken: the same config without it).
     assert any(not torch.equal(tensor, unbroken["model"][name])
                for name, tensor in _final_state(decayed)["model"].items())
+
+
+def test_a_resume_with_another_best_metric_lets_its_next_validation_replace_best_pt(
+        tmp_path, resume_config):
+    run_dir = tmp_path / "run"
+    first = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir),
+                    "--max-steps", "20", "--set", "train.best_metric=bleu")
+    assert first.returncode == 0, first.stderr
+    second = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir),
+                     "--resume", "--max-steps", "30")
+    assert second.returncode == 0, second.stderr
+    assert "validations are ranked by loss from now on" in second.stderr
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
+    assert best["best_metric"] == "loss" and best["step"] == best["best_step"] == 30

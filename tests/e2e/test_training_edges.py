@@ -2,12 +2,16 @@
 before the first checkpoint, and the progress lines of train.log."""
 
 import math
+import re
 import sys
 import time
+
+import pytest
 
 from conftest import ROOT
 
 from transformer_mt.batching import Collator
+from transformer_mt.checkpoint import read_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.events import read_scalars
 from transformer_mt.model import Transformer
@@ -35,6 +39,35 @@ def test_a_run_without_validation_on_the_way_validates_at_its_end(tmp_path, tiny
     log = (run_dir / "train.log").read_text()
     assert "validation at step 6:" in log and "BLEU -1.00" not in log
     assert (run_dir / "checkpoints" / "best.pt").is_file()
+
+
+VALIDATION_LINE = re.compile(r"validation at step (\d+): loss ([\d.]+), ppl [\d.]+, BLEU ([\d.]+)")
+
+
+@pytest.mark.parametrize("metric", ["loss", "bleu"])
+def test_best_pt_and_patience_follow_train_best_metric(tmp_path, tiny_config, metric):
+    """best.pt is the validation with the lowest loss (or highest BLEU; the earlier of equals),
+    and train.patience stops at the first validation that makes it too many without a better
+    one: replayed from the scores train.log shows."""
+    run_dir = tmp_path / "run"
+    assert _train(tiny_config, run_dir, "--set", "train.valid_every=1", "--set",
+                  f"train.best_metric={metric}", "--set", "train.patience=2") == 0
+    log = (run_dir / "train.log").read_text()
+    validations = [(int(m[1]), float(m[2]), float(m[3])) for m in VALIDATION_LINE.finditer(log)]
+    score = {"loss": lambda v: -v[1], "bleu": lambda v: v[2]}[metric]
+    best, without_better, stopped_at = None, 0, None
+    for validation in validations:
+        if best is None or score(validation) > score(best):
+            best, without_better = validation, 0
+        else:
+            without_better += 1
+        if without_better == 2:
+            stopped_at = validation[0]
+            break
+    assert read_checkpoint(run_dir / "checkpoints" / "best.pt").step == best[0]
+    assert (f"early stopping at step {stopped_at}" in log) == (stopped_at is not None)
+    assert validations[-1][0] == (stopped_at or 6)
+    assert f"best validation: step {best[0]} (by {metric})" in log
 
 
 def test_train_log_has_a_progress_line_every_log_every_steps(tmp_path, tiny_config):

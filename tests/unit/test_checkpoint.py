@@ -88,8 +88,9 @@ def test_rotate_keeps_the_newest_step_files(tmp_path):
 def test_a_packed_training_checkpoint_unpacks_to_the_same_fields(tmp_path):
     from transformer_mt.checkpoint import Checkpoint, TrainState, read_checkpoint, save
 
-    train = TrainState(step=7, epoch=1, batch_in_epoch=3, best_bleu=2.5, best_step=5,
-                       validation_bleu={5: 2.5, 7: 1.0}, bad_steps=0, skipped_steps=2)
+    train = TrainState(step=7, epoch=1, batch_in_epoch=3, best_metric="bleu", best_step=5,
+                       validation_bleu={5: 2.5, 7: 1.0}, validation_loss={5: 3.0, 7: 2.9},
+                       bad_steps=0, skipped_steps=2)
     ranks = [rng_state(), rng_state()]
     written = Checkpoint(model={"w": torch.arange(3.0)}, config={"name": "x"},
                          tokenizers={"src": "s", "tgt": "t"}, vocab={"src": 4, "tgt": 5},
@@ -104,14 +105,53 @@ def test_a_packed_training_checkpoint_unpacks_to_the_same_fields(tmp_path):
     assert read.averaged_from is None
 
 
-def test_a_non_finite_validation_score_is_never_the_best():
+@pytest.mark.parametrize("metric", ["loss", "bleu"])
+def test_a_non_finite_validation_score_is_never_the_best(metric):
     from transformer_mt.checkpoint import TrainState
 
-    state = TrainState(step=4)
-    assert not state.record_validation(float("nan")) and state.best_step == 0
-    assert state.record_validation(0.0) and state.best_step == 4
+    state = TrainState(step=4, best_metric=metric)
+    assert not state.record_validation(float("nan"), float("nan")) and state.best_step == 0
+    assert state.record_validation(5.0, 0.0) and state.best_step == 4
     state.step = 8
-    assert not state.record_validation(0.0) and state.validation_bleu == {4: 0.0, 8: 0.0}
+    assert not state.record_validation(5.0, 0.0)      # equal is not better: the earlier stays
+    assert state.validation_bleu == {4: 0.0, 8: 0.0} and state.validation_loss == {4: 5.0, 8: 5.0}
+
+
+@pytest.mark.parametrize("metric, best", [("loss", 20), ("bleu", 10)])
+def test_the_best_validation_is_the_lowest_loss_or_the_highest_bleu(metric, best):
+    from transformer_mt.checkpoint import TrainState
+
+    state = TrainState(best_metric=metric)
+    for step, loss, bleu in ((10, 2.5, 30.0), (20, 2.2, 29.0), (30, 2.3, 28.0)):
+        state.step = step
+        state.record_validation(loss, bleu)
+    assert state.best_step == best
+    assert max(state.scores(), key=state.scores().get) == best   # what keep_best/--best rank by
+    assert f"step {best} (by {metric})" in state.describe_best()
+
+
+def test_a_new_best_metric_on_resume_lets_the_next_validation_replace_best_pt():
+    from transformer_mt.checkpoint import TrainState
+
+    state = TrainState(best_metric="bleu", step=10)
+    state.record_validation(2.0, 30.0)
+    assert not state.rank_by("bleu") and state.best_step == 10
+    assert state.rank_by("loss") and state.best_step == 0
+    state.step = 20
+    assert state.record_validation(2.4, 25.0) and state.best_step == 20   # worse on both
+
+
+def test_a_checkpoint_from_before_best_metric_resumes_ranked_by_bleu():
+    """Checkpoints written before train.best_metric hold BLEU scores only; they stay
+    resumable, and their best.pt was chosen by BLEU."""
+    from transformer_mt.checkpoint import unpack
+
+    old = {"model": {}, "config": {}, "step": 10, "epoch": 0, "batch_in_epoch": 10,
+           "best_bleu": 31.0, "best_step": 10, "validation_bleu": [[10, 31.0]], "bad_steps": 0,
+           "skipped_steps": 0, "optimizer": {}, "rng": {}}
+    train = unpack(old).train
+    assert train is not None and train.best_metric == "bleu" and train.best_step == 10
+    assert train.scores() == {10: 31.0} and train.validation_loss == {}
 
 
 def test_a_checkpoint_without_the_full_training_state_has_none_to_resume_from():
