@@ -66,12 +66,15 @@ class TrainState:
         self.best_step = self.step
         return True
 
-    def rank_by(self, metric: str) -> bool:
+    def rank_by(self, metric: str, losses_comparable: bool = True) -> bool:
         """Rank validations by `metric` from now on. When it changes (a resume with another
-        train.best_metric), best.pt was chosen by the old one: the next validation replaces
-        it. True if it changed."""
-        if metric == self.best_metric:
+        train.best_metric), or when it is the loss and the losses so far were measured with
+        another label smoothing, best.pt was chosen by another yardstick: the next validation
+        replaces it. True if so."""
+        if metric == self.best_metric and (metric != "loss" or losses_comparable):
             return False
+        if not losses_comparable:
+            self.validation_loss.clear()      # nor may train.keep_best rank by them
         self.best_metric, self.best_step = metric, 0
         return True
 

@@ -244,9 +244,12 @@ class Trainer:
         self.model.load_state_dict(checkpoint.model)
         self.step_runner.optimizer.load_state_dict(checkpoint.optimizer)
         self.state = checkpoint.train
-        if self.state.rank_by(self.cfg.train.best_metric):
-            log.info("resume: validations are ranked by %s from now on; best.pt, chosen by the "
-                     "previous metric, is replaced at the next validation",
+        # The validation loss is label-smoothed as training's: another smoothing, another scale.
+        smoothing = checkpoint.config.get("train", {}).get("label_smoothing")
+        if self.state.rank_by(self.cfg.train.best_metric,
+                              losses_comparable=smoothing == self.cfg.train.label_smoothing):
+            log.info("resume: validations are ranked by %s from now on (a new metric, or losses "
+                     "with another label smoothing); best.pt is replaced at the next validation",
                      self.cfg.train.best_metric)
         set_rng_state(checkpoint.rng_ranks[self.dist.rank])
 

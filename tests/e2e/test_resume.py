@@ -215,3 +215,9 @@ def test_a_resume_with_another_best_metric_lets_its_next_validation_replace_best
     assert "validations are ranked by loss from now on" in second.stderr
     best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
     assert best["best_metric"] == "loss" and best["step"] == best["best_step"] == 30
+    third = run_tmt("train", "--config", str(resume_config), "--run-dir", str(run_dir),
+                    "--resume", "--max-steps", "40", "--set", "train.label_smoothing=0.2")
+    assert third.returncode == 0, third.stderr
+    assert "validations are ranked by loss from now on" in third.stderr
+    best = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=True)
+    assert best["step"] == 40 and [step for step, _ in best["validation_loss"]] == [40]

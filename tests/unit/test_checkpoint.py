@@ -141,6 +141,22 @@ def test_a_new_best_metric_on_resume_lets_the_next_validation_replace_best_pt():
     assert state.record_validation(2.4, 25.0) and state.best_step == 20   # worse on both
 
 
+def test_losses_under_another_label_smoothing_are_not_compared_with_new_ones():
+    from transformer_mt.checkpoint import TrainState
+
+    state = TrainState(step=10)
+    state.record_validation(2.0, 30.0)
+    assert state.rank_by("loss", losses_comparable=True) is False and state.best_step == 10
+    assert state.rank_by("loss", losses_comparable=False) and state.best_step == 0
+    assert state.validation_loss == {} and state.validation_bleu == {10: 30.0}
+    state.step = 20
+    assert state.record_validation(2.5, 29.0) and state.best_step == 20   # a higher loss
+    # BLEU does not depend on the smoothing: ranking by it goes on.
+    state = TrainState(step=10, best_metric="bleu")
+    state.record_validation(2.0, 30.0)
+    assert not state.rank_by("bleu", losses_comparable=False) and state.best_step == 10
+
+
 def test_a_checkpoint_from_before_best_metric_resumes_ranked_by_bleu():
     """Checkpoints written before train.best_metric hold BLEU scores only; they stay
     resumable, and their best.pt was chosen by BLEU."""
