@@ -43,11 +43,17 @@ def _best_validation(run: RunDir, state: TrainState | None) -> dict | None:
     at_best = {tag.removeprefix("valid/"): value for tag, values in scalars.items()
                if tag.startswith("valid/") for value in values if value.step == state.best_step}
     hours = next(iter(at_best.values())).hours if at_best else math.nan
+    # The checkpoint's own scores first; chrF, and the losses of checkpoints written before
+    # they were kept, from the events.
+    scores = {"loss": state.validation_loss.get(state.best_step),
+              "bleu": state.validation_bleu.get(state.best_step), "chrf": None}
+    for name, value in scores.items():
+        if value is None:
+            scores[name] = at_best[name].value if name in at_best else math.nan
     return {"metric": state.best_metric, "step": state.best_step,
-            "loss": round(state.validation_loss.get(state.best_step, math.nan), 4),
-            "bleu": round(state.validation_bleu.get(state.best_step, math.nan), 2),
-            "chrf": round(at_best["chrf"].value, 2) if "chrf" in at_best else math.nan,
-            "hours": round(hours, 3), "validations": len(state.validation_bleu)}
+            "loss": round(scores["loss"], 4), "bleu": round(scores["bleu"], 2),
+            "chrf": round(scores["chrf"], 2), "hours": round(hours, 3),
+            "validations": len(state.validation_bleu)}
 
 
 def _evaluations(run: RunDir) -> list[dict]:
