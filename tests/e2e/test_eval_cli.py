@@ -7,6 +7,7 @@ for each of them), except where the exit code and stderr of a real process are t
 
 import json
 import runpy
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from transformer_mt.cli import main
 from transformer_mt.config import config_from_dict
+from transformer_mt.events import read_scalars
 from transformer_mt.model import build_model, count_parameters
 from transformer_mt.names import names_copied
 from transformer_mt.search import Hypothesis
@@ -272,6 +274,23 @@ def test_info_reports_the_run(bpe_run, tmt):
     assert info["best_validation"]["metric"] == "loss"
     assert info["best_validation"]["step"] == torch.load(
         bpe_run / "checkpoints" / "best.pt", weights_only=True)["step"]
+
+
+def test_info_on_a_run_from_before_validation_losses_were_kept(bpe_run, tmp_path, tmt):
+    """Its last.pt ranked by BLEU and holds no losses: info says so, with the loss of the
+    best validation from the event files."""
+    old_run = tmp_path / "old"
+    shutil.copytree(bpe_run, old_run)
+    state = torch.load(old_run / "checkpoints" / "last.pt", weights_only=True)
+    for key in ("best_metric", "validation_loss"):
+        del state[key]
+    state["best_step"] = max(state["validation_bleu"], key=lambda s_b: (s_b[1], -s_b[0]))[0]
+    torch.save(state, old_run / "checkpoints" / "last.pt")
+    code, out, _ = tmt("info", "--run", str(old_run), "--json")
+    best = json.loads(out)["best_validation"]
+    losses = {s.step: s.value for s in read_scalars(old_run / "tensorboard")["valid/loss"]}
+    assert code == 0 and best["metric"] == "bleu" and best["step"] == state["best_step"]
+    assert best["loss"] == pytest.approx(losses[best["step"]], abs=1e-4)
 
 
 def test_average_last_and_best_checkpoints(bpe_run, tmp_path, tmt):
