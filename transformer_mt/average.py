@@ -112,20 +112,18 @@ def select_checkpoints(run: RunDir, last: int | None, best: int | None) -> list[
             raise TmtError(f"--last {count}: {run.checkpoints} keeps only {len(kept)} step "
                            f"checkpoints (train.keep_last)")
         return kept[-count:]
-    from .checkpoint import read_checkpoint
+    from .checkpoint import best_first, read_checkpoint
 
     state = read_checkpoint(run.last).train if run.last.is_file() else None
     if state is None:
         raise TmtError(f"--best {best}: {run.last} with the run's validation scores is missing; "
                        f"use --last K or name the checkpoint files")
-    scores = state.scores()
-    scored = [p for p in kept if _step_of(p) in scores]
+    by_step = {_step_of(p): p for p in kept}
+    scored = [by_step[step] for step in best_first(state.scores()) if step in by_step]
     if best > len(scored):
         raise TmtError(f"--best {best}: only {len(scored)} of the {len(kept)} kept step "
                        f"checkpoints have a validation score (those written at a validation)")
-    # Ties go to the earlier step, as training's best.pt does.
-    chosen = sorted(scored, key=lambda p: (-scores[_step_of(p)], _step_of(p)))[:best]
-    return sorted(chosen, key=_step_of)
+    return sorted(scored[:best], key=_step_of)
 
 
 def average_run_checkpoints(run_path: Path, last: int | None, best: int | None,

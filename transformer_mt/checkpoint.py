@@ -349,14 +349,22 @@ def step_checkpoint_name(step: int) -> str:
     return f"step{step:08d}.pt"
 
 
+def best_first(scores: dict[int, float]) -> list[int]:
+    """The steps with a finite score (higher is better, as TrainState.scores gives them), best
+    first, the earlier of equals first (as best.pt keeps the earlier): the one ranking of
+    train.keep_best and tmt average --best."""
+    return sorted((step for step, score in scores.items() if math.isfinite(score)),
+                  key=lambda step: (-scores[step], step))
+
+
 def rotate(directory: Path, keep_last: int, keep_best: int = 0,
            scores: dict[int, float] | None = None) -> None:
     """Remove step checkpoints that are neither among the newest `keep_last` nor among the
-    `keep_best` best-scoring ones (`scores`: step -> validation BLEU). last.pt and best.pt stay."""
+    `keep_best` best-scoring ones (`scores`: step -> validation score, higher is better).
+    last.pt and best.pt stay."""
     step_files = {int(p.stem[4:]): p for p in directory.glob("step*.pt") if p.stem[4:].isdigit()}
     keep = set(sorted(step_files)[-keep_last:]) if keep_last else set()
-    ranked = sorted((s for s in (scores or {}) if s in step_files), key=lambda s: -scores[s])
-    keep.update(ranked[:keep_best])
+    keep.update([step for step in best_first(scores or {}) if step in step_files][:keep_best])
     for step, path in step_files.items():
         if step not in keep:
             path.unlink(missing_ok=True)

@@ -245,7 +245,7 @@ class Trainer:
         self.step_runner.optimizer.load_state_dict(checkpoint.optimizer)
         self.state = checkpoint.train
         # The validation loss is label-smoothed as training's: another smoothing, another scale.
-        smoothing = checkpoint.config.get("train", {}).get("label_smoothing")
+        smoothing = checkpoint.settings("checkpoint").train.label_smoothing
         if self.state.rank_by(self.cfg.train.best_metric,
                               losses_comparable=smoothing == self.cfg.train.label_smoothing):
             log.info("resume: validations are ranked by %s from now on (a new metric, or losses "

@@ -192,3 +192,9 @@ def test_leftovers_of_killed_writers_are_removed_and_nothing_else(tmp_path):
         path.write_bytes(b"x")
     remove_partial_writes(tmp_path)
     assert sorted(tmp_path.iterdir()) == sorted(kept)
+
+
+def test_checkpoints_are_ranked_best_first_the_earlier_of_equals_first_without_nan():
+    from transformer_mt.checkpoint import best_first
+
+    assert best_first({10: 5.0, 20: 9.0, 30: float("nan"), 40: 9.0, 50: -1.0}) == [20, 40, 10, 50]
