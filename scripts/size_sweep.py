@@ -18,7 +18,8 @@ A 3-hour CPU run for every candidate size is out of reach, so the comparison has
         --device cuda --set model.dropout=0.1 384:3:6:1536
 
 A size is d_model:layers:heads:d_ff; everything else comes from --config. Interrupted (Ctrl-C:
-each run saves its checkpoint), `train` run again resumes the unfinished runs and scores the rest.
+each run saves its checkpoint), `train` run again resumes the unfinished runs and scores the
+runs not scored yet.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def train_sizes(args) -> None:
                            *size_overrides(size), *args.set, "--set", f"train.seed={seed}",
                            "--set", f"train.max_steps={steps}",
                            "--set", f"train.decay_steps={decay or 'null'}",
-                           "--set", f"train.threads={args.threads}",
+                           "--set", f"train.threads={args.threads}", "--set", "train.keep_last=4",
                            "--set", "train.valid_every=500", "--device", args.device]
             print(f"{run.name}: {steps} steps, the last {decay} decaying", flush=True)
             run.parent.mkdir(parents=True, exist_ok=True)
@@ -107,11 +108,10 @@ def train_sizes(args) -> None:
     print(f"{'run':<28} {'steps':>6} {'loss':>6} | valid: last  avg4  avg4 beam 4 | test beam 4 "
           f"| names (copied) | rare")
     for name, r in results.items():
-        u = r["test"]["unseen"]
+        names, rare = r["test"]["unseen"]["names"], r["test"]["unseen"]["rare_words"]
         print(f"{name:<28} {r['steps']:>6} {r['valid_loss']:>6.3f} | {r['valid_last']:>11.2f} "
               f"{r['valid_avg4']:>5.2f} {r['valid_avg4_beam4']:>12.2f} | {r['test']['bleu']:>11.2f} "
-              f"| {u['names']['bleu']:.2f} ({u['names']['names_copied']:.1%}) "
-              f"| {u['rare_words']['bleu']:.2f}")
+              f"| {names['bleu']:.2f} ({names.get('names_copied', 0):.1%}) | {rare['bleu']:.2f}")
 
 
 def evaluate(checkpoint: Path, name: str, device: str, *options: str) -> dict:
@@ -124,13 +124,17 @@ def evaluate(checkpoint: Path, name: str, device: str, *options: str) -> dict:
 
 
 def score(run: Path, size: str, steps: int, device: str) -> dict:
+    """The run's scores, computed once (kept in RUN/sweep/scores.json)."""
+    saved = run / "sweep" / "scores.json"
+    if saved.exists():
+        return json.loads(saved.read_text())
     average = run / "checkpoints" / "avg_last4.pt"
     if not average.exists():
         subprocess.run([*TMT, "average", "--run", str(run), "--last", "4", "--output",
                         str(average)], check=True, stdout=subprocess.DEVNULL)
     valid_loss = read_scalars(run / "tensorboard")["valid/loss"][-1].value
     greedy, beam4 = ("--beam", "1"), ("--beam", "4", "--length-penalty", "1.0")
-    return {
+    scores = {
         "size": size, "steps": steps, "valid_loss": valid_loss,
         "valid_last": evaluate(run / "checkpoints" / "last.pt", "valid_last", device,
                                "--split", "valid", *greedy)["bleu"],
@@ -139,6 +143,8 @@ def score(run: Path, size: str, steps: int, device: str) -> dict:
                                      *beam4)["bleu"],
         "test": evaluate(average, "test_avg4_beam4", device, "--unseen", *beam4),
     }
+    saved.write_text(json.dumps(scores, indent=1) + "\n")
+    return scores
 
 
 def main() -> None:
