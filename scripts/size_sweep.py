@@ -49,8 +49,8 @@ def size_name(size: str) -> str:
 
 
 def finished(run: Path) -> bool:
-    log = run / "train.log"
-    return log.exists() and "finished at step" in log.read_text().splitlines()[-1]
+    lines = (run / "train.log").read_text().splitlines() if (run / "train.log").exists() else []
+    return bool(lines) and "finished at step" in lines[-1]
 
 
 def time_sizes(args) -> None:
