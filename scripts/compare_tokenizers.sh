@@ -27,8 +27,7 @@ COMMON=(--set train.keep_last=10 --set train.checkpoint_every=250)
 declare -A ARGS=(
   [word]="--config configs/tatoeba_en_it_word.yaml"                               # 12.3k / 16k words
   [word_uncapped]="--config configs/tatoeba_en_it_word.yaml --set tokenizer.max_vocab=null"  # every word seen twice
-  # 8k joint BPE, with the model of the other three (the shipped config is larger since)
-  [bpe]="--config configs/tatoeba_en_it.yaml --set model.d_model=256 --set model.heads=4 --set model.d_ff=1024 --set model.dropout=0.1"
+  [bpe]="--config configs/tatoeba_en_it.yaml"                                     # 8k joint BPE
   [unigram]="--config configs/tatoeba_en_it_unigram.yaml"                         # 8k joint unigram
 )
 

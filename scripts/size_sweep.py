@@ -3,8 +3,10 @@
 A 3-hour CPU run for every candidate size is out of reach, so the comparison has two parts:
 
   time   each size's CPU seconds per step on the same batches (same seed, same data), one size
-         after the other with nothing else running: `tmt train --max-steps 70`, timed from step
-         20 to 70 by the wall times of its TensorBoard scalars.
+         after the other with nothing else running: `tmt train`, timed from step 20 for
+         --timed-steps steps by the wall times of its TensorBoard scalars. Take enough of them:
+         timed over 50 the wide model looked 1.68x as slow as the 256-wide one, in its real
+         run it was about 1.9x (README).
   train  each size for as many steps as the CPU runs in the time the first size takes for
          --base-steps steps (steps = base_steps * t_first / t_size), the final decay the same share
          of them; all at once on a GPU (at these sizes a step there waits for Python, not for the
@@ -34,7 +36,7 @@ from transformer_mt.events import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
 TMT = [sys.executable, "-m", "transformer_mt"]
-TIMED_FROM, TIMED_TO = 20, 70   # steps: past the first batches' allocations
+TIMED_FROM = 20   # the first steps allocate
 
 
 def size_overrides(size: str) -> list[str]:
@@ -54,7 +56,7 @@ def finished(run: Path) -> bool:
 
 
 def time_sizes(args) -> None:
-    timings = {}
+    timings, timed_to = {}, TIMED_FROM + args.timed_steps
     for size in args.sizes:
         run = args.out / "time" / size_name(size)
         if not (run / "train.log").exists():
@@ -62,9 +64,9 @@ def time_sizes(args) -> None:
                             *size_overrides(size), *args.set, "--set", "train.log_every=10",
                             "--set", "train.valid_every=100000",
                             "--set", "train.checkpoint_every=100000",
-                            "--max-steps", str(TIMED_TO), "--device", "cpu"], check=True)
+                            "--max-steps", str(timed_to), "--device", "cpu"], check=True)
         hours = {s.step: s.hours for s in read_scalars(run / "tensorboard")["train/loss"]}
-        seconds = (hours[TIMED_TO] - hours[TIMED_FROM]) * 3600 / (TIMED_TO - TIMED_FROM)
+        seconds = (hours[timed_to] - hours[TIMED_FROM]) * 3600 / args.timed_steps
         timings[size] = seconds
         print(f"{size}: {seconds:.3f} s a step", flush=True)
     (args.out / "step_times.json").write_text(json.dumps(timings, indent=1) + "\n")
@@ -156,6 +158,8 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "tatoeba_en_it.yaml")
     p.add_argument("--set", action="append", default=[], type=lambda kv: f"--set={kv}",
                    help="config override for every run (repeatable), e.g. model.dropout=0.0")
+    p.add_argument("--timed-steps", type=int, default=200,
+                   help="steps timed for each size (a multiple of 10)")
     p.add_argument("--timings", type=Path, help="step_times.json of `time` (default: in --out), "
                    "to train one set of timings with other overrides into another --out")
     p.add_argument("--base-steps", type=int, default=10400,

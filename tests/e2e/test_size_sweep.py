@@ -20,7 +20,8 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
 def test_time_writes_seconds_per_step_of_each_size(tmp_path, corpus_tsv):
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config_text(corpus_tsv), encoding="utf-8")
-    sweep("time", SMALL, "--out", str(tmp_path / "sweep"), "--config", str(config))
+    sweep("time", SMALL, "--out", str(tmp_path / "sweep"), "--config", str(config),
+          "--timed-steps", "30")
     timings = json.loads((tmp_path / "sweep" / "step_times.json").read_text())
     assert list(timings) == [SMALL] and timings[SMALL] > 0
 
