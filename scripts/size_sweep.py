@@ -2,11 +2,12 @@
 
 A 3-hour CPU run for every candidate size is out of reach, so the comparison has two parts:
 
-  time   each size's CPU seconds per step on the same batches (same seed, same data), one size
-         after the other with nothing else running: `tmt train`, timed from step 20 for
-         --timed-steps steps by the wall times of its TensorBoard scalars. Take enough of them:
-         timed over 50 the wide model looked 1.68x as slow as the 256-wide one, in its real
-         run it was about 1.9x (README).
+  time   each size's CPU seconds per step on the same batches (same seed, same data), nothing
+         else running: `tmt train`, timed from step 20 for --timed-steps steps by the wall times
+         of its TensorBoard scalars, in --rounds rounds over the sizes, every other round in
+         reverse order, the mean kept. The rounds are there because a machine's speed drifts:
+         the development VM's by a fifth within an hour (README), so sizes timed once, one
+         after the other, are compared at different speeds.
   train  each size for as many steps as the CPU runs in the time the first size takes for
          --base-steps steps (steps = base_steps * t_first / t_size), the final decay the same share
          of them; all at once on a GPU (at these sizes a step there waits for Python, not for the
@@ -56,20 +57,23 @@ def finished(run: Path) -> bool:
 
 
 def time_sizes(args) -> None:
-    timings, timed_to = {}, TIMED_FROM + args.timed_steps
-    for size in args.sizes:
-        run = args.out / "time" / size_name(size)
-        if not (run / "train.log").exists():
-            subprocess.run([*TMT, "train", "--config", str(args.config), "--run-dir", str(run),
-                            *size_overrides(size), *args.set, "--set", "train.log_every=10",
-                            "--set", "train.valid_every=100000",
-                            "--set", "train.checkpoint_every=100000",
-                            "--max-steps", str(timed_to), "--device", "cpu"], check=True)
-        hours = {s.step: s.hours for s in read_scalars(run / "tensorboard")["train/loss"]}
-        seconds = (hours[timed_to] - hours[TIMED_FROM]) * 3600 / args.timed_steps
-        timings[size] = seconds
-        print(f"{size}: {seconds:.3f} s a step", flush=True)
+    timed_to = TIMED_FROM + args.timed_steps
+    rounds: dict[str, list[float]] = {size: [] for size in args.sizes}
+    for number in range(args.rounds):
+        for size in args.sizes if number % 2 == 0 else args.sizes[::-1]:
+            run = args.out / "time" / f"{size_name(size)}_round{number}"
+            if not (run / "train.log").exists():
+                subprocess.run([*TMT, "train", "--config", str(args.config), "--run-dir",
+                                str(run), *size_overrides(size), *args.set,
+                                "--set", "train.log_every=10", "--set", "train.valid_every=100000",
+                                "--set", "train.checkpoint_every=100000",
+                                "--max-steps", str(timed_to), "--device", "cpu"], check=True)
+            hours = {s.step: s.hours for s in read_scalars(run / "tensorboard")["train/loss"]}
+            rounds[size].append((hours[timed_to] - hours[TIMED_FROM]) * 3600 / args.timed_steps)
+            print(f"{size}, round {number + 1}: {rounds[size][-1]:.3f} s a step", flush=True)
+    timings = {size: sum(times) / len(times) for size, times in rounds.items()}
     (args.out / "step_times.json").write_text(json.dumps(timings, indent=1) + "\n")
+    (args.out / "step_times_rounds.json").write_text(json.dumps(rounds, indent=1) + "\n")
 
 
 def train_sizes(args) -> None:
@@ -158,8 +162,9 @@ def main() -> None:
     p.add_argument("--config", type=Path, default=ROOT / "configs" / "tatoeba_en_it.yaml")
     p.add_argument("--set", action="append", default=[], type=lambda kv: f"--set={kv}",
                    help="config override for every run (repeatable), e.g. model.dropout=0.0")
-    p.add_argument("--timed-steps", type=int, default=200,
-                   help="steps timed for each size (a multiple of 10)")
+    p.add_argument("--timed-steps", type=int, default=100,
+                   help="steps timed for each size in each round (a multiple of 10)")
+    p.add_argument("--rounds", type=int, default=2, help="timings of each size (interleaved)")
     p.add_argument("--timings", type=Path, help="step_times.json of `time` (default: in --out), "
                    "to train one set of timings with other overrides into another --out")
     p.add_argument("--base-steps", type=int, default=10400,

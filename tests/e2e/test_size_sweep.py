@@ -17,13 +17,22 @@ def sweep(*args: str) -> subprocess.CompletedProcess:
     return result
 
 
-def test_time_writes_seconds_per_step_of_each_size(tmp_path, corpus_tsv):
+def test_time_writes_the_mean_seconds_per_step_of_each_size_over_interleaved_rounds(
+        tmp_path, corpus_tsv):
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config_text(corpus_tsv), encoding="utf-8")
-    sweep("time", SMALL, "--out", str(tmp_path / "sweep"), "--config", str(config),
-          "--timed-steps", "30")
-    timings = json.loads((tmp_path / "sweep" / "step_times.json").read_text())
-    assert list(timings) == [SMALL] and timings[SMALL] > 0
+    out = tmp_path / "sweep"
+    result = sweep("time", SMALL, LARGE, "--out", str(out), "--config", str(config),
+                   "--timed-steps", "20", "--rounds", "2")
+    # Round 1 in the given order, round 2 reversed: the large size is timed twice in a row.
+    order = [line.split(",")[0] for line in result.stdout.splitlines() if "round" in line]
+    assert order == [SMALL, LARGE, LARGE, SMALL]
+    rounds = json.loads((out / "step_times_rounds.json").read_text())
+    timings = json.loads((out / "step_times.json").read_text())
+    assert list(timings) == [SMALL, LARGE]
+    for size in (SMALL, LARGE):
+        assert len(rounds[size]) == 2 and min(rounds[size]) > 0
+        assert timings[size] == sum(rounds[size]) / 2
 
 
 def test_each_size_trains_for_the_steps_of_the_first_ones_time(tmp_path, corpus_tsv):
