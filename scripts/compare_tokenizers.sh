@@ -27,7 +27,7 @@ COMMON=(--set train.keep_last=10 --set train.checkpoint_every=250)
 declare -A ARGS=(
   [word]="--config configs/tatoeba_en_it_word.yaml"                               # 12.3k / 16k words
   [word_uncapped]="--config configs/tatoeba_en_it_word.yaml --set tokenizer.max_vocab=null"  # every word seen twice
-  [bpe]="--config configs/tatoeba_en_it.yaml"                                     # 8k joint BPE
+  [bpe]="--config configs/tatoeba_en_it_d256.yaml"                                # 8k joint BPE
   [unigram]="--config configs/tatoeba_en_it_unigram.yaml"                         # 8k joint unigram
 )
 

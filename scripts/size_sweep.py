@@ -159,7 +159,7 @@ def main() -> None:
     p.add_argument("sizes", nargs="*", help="d_model:layers:heads:d_ff: to time (the first "
                    "sets the time budget), or to train of those timed (default: all)")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--config", type=Path, default=ROOT / "configs" / "tatoeba_en_it.yaml")
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "tatoeba_en_it_d256.yaml")
     p.add_argument("--set", action="append", default=[], type=lambda kv: f"--set={kv}",
                    help="config override for every run (repeatable), e.g. model.dropout=0.0")
     p.add_argument("--timed-steps", type=int, default=100,

@@ -8,7 +8,7 @@ from transformer_mt.config import Config, apply_overrides, config_from_dict, doc
 from transformer_mt.errors import ConfigError
 
 
-@pytest.mark.parametrize("name", ["tiny", "tatoeba_en_it", "tatoeba_en_it_wide", "tatoeba_en_it_word",
+@pytest.mark.parametrize("name", ["tiny", "tatoeba_en_it", "tatoeba_en_it_d256", "tatoeba_en_it_word",
                                   "tatoeba_en_it_unigram", "opus_books_en_it"])
 def test_shipped_configs_load(name):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
