@@ -9,9 +9,10 @@ A 3-hour CPU run for every candidate size is out of reach, so the comparison has
          the development VM's by a fifth within an hour (README), so sizes timed once, one
          after the other, are compared at different speeds.
   train  each size for as many steps as the CPU runs in the time the first size takes for
-         --base-steps steps (steps = base_steps * t_first / t_size), the final decay the same share
-         of them; all at once on a GPU (at these sizes a step there waits for Python, not for the
-         GPU, so the runs share it well); then each scored: valid split (last.pt and the average of
+         --base-steps steps (default: the config's max_steps; steps = base_steps * t_first /
+         t_size), the final decay the same share of them (default: the config's); all at once
+         on a GPU (at these sizes a step there waits for Python, not for the GPU, so the runs
+         share it well); then each scored: valid split (last.pt and the average of
          the last 4 step checkpoints, greedy; the average with beam 4) and test split with
          --unseen (beam 4).
 
@@ -33,6 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transformer_mt.config import load_config
 from transformer_mt.events import read_scalars
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +81,18 @@ def time_sizes(args) -> None:
 def train_sizes(args) -> None:
     timings = json.loads((args.timings or args.out / "step_times.json").read_text())
     first = next(iter(timings))
+    # The budget and decay share default to the config's own schedule (its max_steps are the
+    # first size's steps), so they cannot disagree with the config the runs start from.
+    train = load_config(args.config, [kv.removeprefix("--set=") for kv in args.set]).train
+    base_steps = args.base_steps or train.max_steps
+    decay_share = args.decay_share if args.decay_share is not None else \
+        (train.decay_steps or 0) / train.max_steps
     runs, processes = {}, []
     for size, seconds in timings.items():
         if args.sizes and size not in args.sizes:
             continue
-        steps = round(args.base_steps * timings[first] / seconds / 50) * 50
-        decay = round(steps * args.decay_share / 50) * 50
+        steps = round(base_steps * timings[first] / seconds / 50) * 50
+        decay = round(steps * decay_share / 50) * 50
         for seed in args.seeds:
             run = args.out / "runs" / f"{size_name(size)}_seed{seed}"
             runs[run] = (size, steps)
@@ -167,10 +175,12 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="timings of each size (interleaved)")
     p.add_argument("--timings", type=Path, help="step_times.json of `time` (default: in --out), "
                    "to train one set of timings with other overrides into another --out")
-    p.add_argument("--base-steps", type=int, default=10400,
-                   help="steps of the first size that set the time budget")
-    p.add_argument("--decay-share", type=float, default=2000 / 10400,
-                   help="share of each run's steps in its final decay")
+    p.add_argument("--base-steps", type=int,
+                   help="steps of the first size that set the time budget "
+                        "(default: the config's train.max_steps)")
+    p.add_argument("--decay-share", type=float,
+                   help="share of each run's steps in its final decay "
+                        "(default: the config's train.decay_steps / train.max_steps)")
     p.add_argument("--seeds", type=int, nargs="+", default=[42])
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of each run")

@@ -37,14 +37,16 @@ def test_time_writes_the_mean_seconds_per_step_of_each_size_over_interleaved_rou
 
 def test_each_size_trains_for_the_steps_of_the_first_ones_time(tmp_path, corpus_tsv):
     """A size twice as slow a step gets half the steps; the decay is the same share of each run;
-    every finished run is scored; a second call retrains and rescores nothing."""
+    every finished run is scored; a second call retrains and rescores nothing. The budget and the
+    decay share come from the config's schedule (200 steps, the last 100 decaying)."""
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny_config_text(corpus_tsv), encoding="utf-8")
     out = tmp_path / "sweep"
     out.mkdir()
     (out / "step_times.json").write_text(json.dumps({SMALL: 0.5, LARGE: 1.0}))
     args = ("train", "--out", str(out), "--config", str(config), "--device", "cpu",
-            "--base-steps", "200", "--decay-share", "0.5", "--set", "train.checkpoint_every=25")
+            "--set", "train.max_steps=200", "--set", "train.decay_steps=100",
+            "--set", "train.checkpoint_every=25")
     sweep(*args)
     results = json.loads((out / "results.json").read_text())
     assert {r["size"]: r["steps"] for r in results.values()} == {SMALL: 200, LARGE: 100}
